@@ -1,0 +1,106 @@
+//! The crate's one error type.
+
+use cust::error::CudaError;
+
+/// Everything that can go wrong in `rope-cuda`.
+///
+/// Input errors are detected on the host before any launch, and nothing is written when one
+/// is returned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor has the wrong number of dimensions.
+    #[error("{what}: expected a rank-{expected} shape, got {got:?}")]
+    Rank {
+        /// Which tensor.
+        what: &'static str,
+        /// The rank the operation takes.
+        expected: usize,
+        /// The shape that was passed.
+        got: Vec<usize>,
+    },
+    /// Two tensors disagree on an axis that must match, or an axis has the wrong extent.
+    #[error("{what}: axis {axis} is {got}, expected {expected}")]
+    Shape {
+        /// Which tensor.
+        what: &'static str,
+        /// Which axis.
+        axis: &'static str,
+        /// The extent it must have.
+        expected: usize,
+        /// The extent it has.
+        got: usize,
+    },
+    /// A buffer's length is not the number of elements its shape describes.
+    #[error("{what}: shape {shape:?} needs {expected} elements, but the buffer holds {got}")]
+    Length {
+        /// Which tensor.
+        what: &'static str,
+        /// The shape that was passed.
+        shape: Vec<usize>,
+        /// Product of the shape.
+        expected: usize,
+        /// Length of the buffer.
+        got: usize,
+    },
+    /// The head dimension is zero or odd.
+    #[error("head_dim {head_dim} must be even and at least 2")]
+    HeadDim {
+        /// The rejected head dimension.
+        head_dim: usize,
+    },
+    /// The rotary base is not a finite number greater than zero.
+    #[error("base {base} must be finite and greater than 0")]
+    Base {
+        /// The rejected base.
+        base: f64,
+    },
+    /// The call needs positions beyond the cos/sin table.
+    #[error("positions up to {needed} are needed, but the table covers only 0..{max_position}")]
+    MaxPosition {
+        /// One past the largest position the call needs.
+        needed: usize,
+        /// Number of positions the table holds.
+        max_position: usize,
+    },
+    /// A size exceeds what one launch can address.
+    #[error("{what} = {value} exceeds the limit {limit}")]
+    TooLarge {
+        /// Which quantity.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest accepted value.
+        limit: u64,
+    },
+    /// A kernel is missing from the embedded PTX, or the module failed to load.
+    #[error("loading kernel {name} failed: {source}")]
+    KernelLoad {
+        /// The kernel's entry-point name.
+        name: &'static str,
+        /// The driver's error.
+        source: CudaError,
+    },
+    /// The CUDA driver reported an error through cust.
+    #[error("CUDA driver error: {0}")]
+    Cuda(#[from] CudaError),
+    /// A driver call made directly (not through cust) failed.
+    #[error("{call} failed with CUresult {code}")]
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// Its `CUresult`.
+        code: u32,
+    },
+}
+
+/// Maps a raw `CUresult` of driver function `call` to `Ok` or [`Error::Driver`].
+pub(crate) fn driver(call: &'static str, result: cust::sys::CUresult) -> Result<()> {
+    match result {
+        cust::sys::CUresult::CUDA_SUCCESS => Ok(()),
+        other => Err(Error::Driver { call, code: other as u32 }),
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

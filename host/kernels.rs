@@ -1,0 +1,88 @@
+//! The PTX module and its entry points, loaded once per CUDA context.
+
+use std::ffi::c_void;
+
+use cust::module::Module;
+use cust::sys as cuda;
+
+use crate::error::{driver, Error, Result};
+
+/// The PTX of every kernel, compiled from `kernels/` by `build.rs` for
+/// [`ARCH`](crate::ARCH).
+pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_cuda_kernels.ptx"));
+
+/// The kernels' entry points, resolved once when the module is loaded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Functions {
+    /// `rope_neox_f32_v1`, `rope_neox_f32_v4`.
+    pub rope_neox_f32: [cuda::CUfunction; 2],
+}
+
+/// The loaded kernel module of one CUDA context.
+///
+/// Create one per context with [`Kernels::load`] (the context must be current) and reuse it:
+/// launches look nothing up. Launches may come from any thread on which that context is
+/// current.
+#[derive(Debug)]
+pub struct Kernels {
+    pub(crate) functions: Functions,
+    context: cuda::CUcontext,
+    // Dropped last: the functions above belong to it.
+    _module: Module,
+}
+
+// SAFETY: a CUmodule and its CUfunctions may be used from any thread of the process while
+// their context lives; `Kernels` holds no thread-local state.
+unsafe impl Send for Kernels {}
+// SAFETY: launching through shared handles is thread-safe in the driver API.
+unsafe impl Sync for Kernels {}
+
+impl Kernels {
+    /// Loads the embedded PTX into the current context and resolves every entry point.
+    pub fn load() -> Result<Self> {
+        let module = Module::from_ptx(PTX, &[]).map_err(|source| Error::KernelLoad { name: "module", source })?;
+        let function = |name: &'static str| -> Result<cuda::CUfunction> {
+            module.get_function(name).map(|f| f.to_raw()).map_err(|source| Error::KernelLoad { name, source })
+        };
+        let functions = Functions { rope_neox_f32: [function("rope_neox_f32_v1")?, function("rope_neox_f32_v4")?] };
+        let mut context = std::ptr::null_mut();
+        // SAFETY: writes the current context handle into `context`.
+        driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
+        Ok(Kernels { functions, context, _module: module })
+    }
+
+    /// The CUDA context this module was loaded into.
+    pub fn context(&self) -> cuda::CUcontext {
+        self.context
+    }
+}
+
+/// A launch's geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub grid: (u32, u32),
+    pub block: (u32, u32),
+}
+
+/// Launches `function` with `params` as its one by-value parameter.
+///
+/// # Safety
+/// `params` is the struct `function` expects, and every address in it is valid for what the
+/// kernel does with the geometry given (the caller's checks say why).
+pub(crate) unsafe fn launch<P>(
+    function: cuda::CUfunction,
+    geometry: Geometry,
+    params: &P,
+    stream: cuda::CUstream,
+) -> Result<()> {
+    let mut args = [params as *const P as *mut c_void];
+    let (gx, gy) = geometry.grid;
+    let (bx, by) = geometry.block;
+    driver(
+        "cuLaunchKernel",
+        cuda::cuLaunchKernel(function, gx, gy, 1, bx, by, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()),
+    )
+}
+
+/// Kernel names, for diagnostics and the PTX checks in the tests.
+pub const ENTRY_POINTS: &[&str] = &["rope_neox_f32_v1", "rope_neox_f32_v4"];

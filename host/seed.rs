@@ -1,0 +1,270 @@
+//! The first reference operation, exactly: `Model(dim, max_seq_len, base).forward(q, k)`.
+//!
+//! The seed was a PyTorch module holding `cos`/`sin` of `n * inv_freq[d % (dim / 2)]` for
+//! `n < max_seq_len`, whose `forward` rotated q and k of shape `[B, H, N, D]` at positions
+//! `0..N` in rotate-half style: `out = x * cos + rotate_half(x) * sin`.
+
+use cust::memory::{DeviceBuffer, DeviceSlice};
+use cust::stream::Stream;
+use rope_cuda_kernels::params::{HeadsView, RopeParams};
+
+use crate::error::{Error, Result};
+use crate::kernels::Kernels;
+use crate::rope::launch_neox_f32;
+use crate::table::RopeTable;
+
+/// Rotate-half RoPE over contiguous f32 `[batch, heads, seq, head_dim]` tensors, positions
+/// `0..seq`: the seed's `Model(dim, max_seq_len, base)`.
+///
+/// The cos/sin table is built once, in f64 and stored f32, when the model is created.
+///
+/// ```no_run
+/// use cust::memory::DeviceBuffer;
+/// use cust::stream::{Stream, StreamFlags};
+/// use rope_cuda::{Kernels, RotaryModel};
+///
+/// let _ctx = cust::quick_init()?;
+/// let kernels = Kernels::load()?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let model = RotaryModel::new(&kernels, 64, 256, 10_000.0)?;
+/// let shape = [4, 8, 256, 64];
+/// let q = DeviceBuffer::from_slice(&vec![0.5f32; shape.iter().product()])?;
+/// let k = DeviceBuffer::from_slice(&vec![0.25f32; shape.iter().product()])?;
+/// let (q_rot, k_rot) = model.forward(&q, &shape, &k, &shape, &stream)?;
+/// stream.synchronize()?;
+/// # let _ = (q_rot, k_rot);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct RotaryModel<'k> {
+    kernels: &'k Kernels,
+    dim: usize,
+    table: RopeTable,
+}
+
+/// A validated `[batch, heads, seq, head_dim]` shape.
+#[derive(Debug, Clone, Copy)]
+struct Bhnd {
+    batch: usize,
+    heads: usize,
+    seq: usize,
+    dim: usize,
+}
+
+impl Bhnd {
+    fn elements(&self) -> usize {
+        self.batch * self.heads * self.seq * self.dim
+    }
+
+    /// The view of a contiguous tensor of this shape, from `input` to `output`.
+    fn view(&self, input: u64, output: u64) -> HeadsView {
+        let strides = [(self.heads * self.seq * self.dim) as u64, self.dim as u64, (self.seq * self.dim) as u64];
+        HeadsView { input, output, in_strides: strides, out_strides: strides, heads: self.heads as u32, _pad: 0 }
+    }
+}
+
+impl<'k> RotaryModel<'k> {
+    /// Builds the table for `head_dim = dim`, positions `0..max_seq_len` and `base`.
+    pub fn new(kernels: &'k Kernels, dim: usize, max_seq_len: usize, base: f64) -> Result<Self> {
+        if dim < 2 || dim % 2 != 0 {
+            return Err(Error::HeadDim { head_dim: dim });
+        }
+        Ok(RotaryModel { kernels, dim, table: RopeTable::new(dim, base, max_seq_len)? })
+    }
+
+    /// The head dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The table: positions `0..max_seq_len`.
+    pub fn table(&self) -> &RopeTable {
+        &self.table
+    }
+
+    /// Returns `(q_rot, k_rot)`, newly allocated, as the seed's `forward(q, k)` did.
+    ///
+    /// `q` is `[B, Hq, N, D]` and `k` `[B, Hk, N, D]`, contiguous. The work is queued on
+    /// `stream`; synchronise it before reading the results on the host.
+    pub fn forward(
+        &self,
+        q: &DeviceSlice<f32>,
+        q_shape: &[usize],
+        k: &DeviceSlice<f32>,
+        k_shape: &[usize],
+        stream: &Stream,
+    ) -> Result<(DeviceBuffer<f32>, DeviceBuffer<f32>)> {
+        let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
+        // SAFETY: every element is written by the launch below before anyone can read it
+        // (rotary_dim == head_dim, and the geometry covers every row).
+        let (q_out, k_out) = unsafe { (DeviceBuffer::uninitialized(q.len())?, DeviceBuffer::uninitialized(k.len())?) };
+        self.launch(qs, ks, q, &q_out, k, &k_out, stream)?;
+        Ok((q_out, k_out))
+    }
+
+    /// [`forward`](Self::forward) into caller-owned outputs of the same shapes (no allocation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into(
+        &self,
+        q: &DeviceSlice<f32>,
+        q_shape: &[usize],
+        k: &DeviceSlice<f32>,
+        k_shape: &[usize],
+        q_out: &mut DeviceSlice<f32>,
+        k_out: &mut DeviceSlice<f32>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
+        check_len("q_out", q_shape, qs.elements(), q_out.len())?;
+        check_len("k_out", k_shape, ks.elements(), k_out.len())?;
+        self.launch(qs, ks, q, q_out, k, k_out, stream)
+    }
+
+    /// Rotates `q` and `k` in place.
+    pub fn forward_in_place(
+        &self,
+        q: &mut DeviceSlice<f32>,
+        q_shape: &[usize],
+        k: &mut DeviceSlice<f32>,
+        k_shape: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
+        self.launch(qs, ks, q, q, k, k, stream)
+    }
+
+    /// Validates both tensors against each other and the model.
+    fn check(
+        &self,
+        q: &DeviceSlice<f32>,
+        q_shape: &[usize],
+        k: &DeviceSlice<f32>,
+        k_shape: &[usize],
+    ) -> Result<(Bhnd, Bhnd)> {
+        check_shapes(self.dim, self.table.max_position(), (q.len(), q_shape), (k.len(), k_shape))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        qs: Bhnd,
+        ks: Bhnd,
+        q: &DeviceSlice<f32>,
+        q_out: &DeviceSlice<f32>,
+        k: &DeviceSlice<f32>,
+        k_out: &DeviceSlice<f32>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let raw = |s: &DeviceSlice<f32>| s.as_device_ptr().as_raw();
+        let params = RopeParams {
+            q: qs.view(raw(q), raw(q_out)),
+            k: ks.view(raw(k), raw(k_out)),
+            tokens: (qs.batch * qs.seq) as u32,
+            seq: qs.seq as u32,
+            half: (self.dim / 2) as u32,
+            ..Default::default()
+        };
+        launch_neox_f32(self.kernels, &self.table, params, stream.as_inner())
+    }
+}
+
+/// Validates `q` and `k`, each given as (buffer length, shape), for a model of head
+/// dimension `dim` whose table holds `max_position` positions.
+fn check_shapes(
+    dim: usize,
+    max_position: usize,
+    (q_len, q_shape): (usize, &[usize]),
+    (k_len, k_shape): (usize, &[usize]),
+) -> Result<(Bhnd, Bhnd)> {
+    let qs = bhnd("q", q_shape, q_len)?;
+    let ks = bhnd("k", k_shape, k_len)?;
+    if qs.dim != dim {
+        return Err(Error::Shape { what: "q", axis: "head_dim", expected: dim, got: qs.dim });
+    }
+    for (axis, a, b) in [("batch", qs.batch, ks.batch), ("seq", qs.seq, ks.seq), ("head_dim", qs.dim, ks.dim)] {
+        if a != b {
+            return Err(Error::Shape { what: "k", axis, expected: a, got: b });
+        }
+    }
+    if qs.seq > max_position {
+        return Err(Error::MaxPosition { needed: qs.seq, max_position });
+    }
+    let tokens = qs.batch * qs.seq;
+    for (what, value) in [("batch * seq", tokens), ("q heads", qs.heads), ("k heads", ks.heads)] {
+        if value > u32::MAX as usize {
+            return Err(Error::TooLarge { what, value: value as u64, limit: u32::MAX as u64 });
+        }
+    }
+    Ok((qs, ks))
+}
+
+/// Checks that `shape` is `[B, H, N, D]` and that the buffer holds exactly its elements.
+fn bhnd(what: &'static str, shape: &[usize], len: usize) -> Result<Bhnd> {
+    let &[batch, heads, seq, dim] = shape else {
+        return Err(Error::Rank { what, expected: 4, got: shape.to_vec() });
+    };
+    let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or(Error::TooLarge {
+        what: "elements",
+        value: u64::MAX,
+        limit: usize::MAX as u64,
+    })?;
+    check_len(what, shape, elements, len)?;
+    Ok(Bhnd { batch, heads, seq, dim })
+}
+
+fn check_len(what: &'static str, shape: &[usize], expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::Length { what, shape: shape.to_vec(), expected, got });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(q: &[usize], k: &[usize]) -> Result<(Bhnd, Bhnd)> {
+        let len = |s: &[usize]| s.iter().product::<usize>();
+        check_shapes(64, 16, (len(q), q), (len(k), k))
+    }
+
+    #[test]
+    fn accepts_matching_shapes_and_fewer_k_heads() {
+        let (q, k) = check(&[2, 8, 16, 64], &[2, 2, 16, 64]).unwrap();
+        assert_eq!((q.heads, k.heads, q.seq, q.elements()), (8, 2, 16, 2 * 8 * 16 * 64));
+        // Contiguous [B, H, N, D] strides: batch, seq, head.
+        assert_eq!(q.view(0, 0).in_strides, [8 * 16 * 64, 64, 16 * 64]);
+        check(&[0, 8, 16, 64], &[0, 8, 16, 64]).unwrap();
+    }
+
+    #[test]
+    fn each_bad_input_has_its_error() {
+        let e = check(&[8, 16, 64], &[2, 8, 16, 64]).unwrap_err();
+        assert!(matches!(e, Error::Rank { what: "q", expected: 4, .. }), "{e:?}");
+        let e = check(&[2, 8, 16, 64], &[1, 2, 8, 16, 64]).unwrap_err();
+        assert!(matches!(e, Error::Rank { what: "k", .. }), "{e:?}");
+        let e = check(&[2, 8, 16, 32], &[2, 8, 16, 32]).unwrap_err();
+        assert!(matches!(e, Error::Shape { what: "q", axis: "head_dim", expected: 64, got: 32 }), "{e:?}");
+        let e = check(&[2, 8, 16, 64], &[3, 8, 16, 64]).unwrap_err();
+        assert!(matches!(e, Error::Shape { what: "k", axis: "batch", expected: 2, got: 3 }), "{e:?}");
+        let e = check(&[2, 8, 16, 64], &[2, 8, 8, 64]).unwrap_err();
+        assert!(matches!(e, Error::Shape { what: "k", axis: "seq", expected: 16, got: 8 }), "{e:?}");
+        let e = check(&[2, 8, 16, 64], &[2, 8, 16, 32]).unwrap_err();
+        assert!(matches!(e, Error::Shape { what: "k", axis: "head_dim", expected: 64, got: 32 }), "{e:?}");
+        let e = check(&[1, 8, 17, 64], &[1, 8, 17, 64]).unwrap_err();
+        assert!(matches!(e, Error::MaxPosition { needed: 17, max_position: 16 }), "{e:?}");
+        let e = check_shapes(64, 16, (100, &[2, 8, 16, 64]), (2 * 8 * 16 * 64, &[2, 8, 16, 64])).unwrap_err();
+        assert!(matches!(e, Error::Length { what: "q", expected: 16384, got: 100, .. }), "{e:?}");
+        let huge = [usize::MAX / 2, 4, 1, 64];
+        let e = check_shapes(64, 16, (0, &huge), (0, &huge)).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn tables_refuse_bad_arguments() {
+        assert!(matches!(crate::HostTable::new(7, 1e4, 4), Err(Error::HeadDim { head_dim: 7 })));
+        assert!(matches!(crate::HostTable::new(0, 1e4, 4), Err(Error::HeadDim { head_dim: 0 })));
+        assert!(matches!(crate::HostTable::new(8, -1.0, 4), Err(Error::Base { .. })));
+        assert!(matches!(crate::HostTable::new(8, f64::INFINITY, 4), Err(Error::Base { .. })));
+    }
+}

@@ -1,0 +1,152 @@
+//! Shared test helpers: the GPU (or a printed skip), golden files, host copies.
+#![allow(dead_code)]
+
+use std::io::Write;
+
+use cust::context::Context;
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
+use cust::stream::{Stream, StreamFlags};
+use rope_cuda::Kernels;
+
+/// A context, the loaded kernels and a stream.
+pub struct Gpu {
+    pub kernels: Kernels,
+    pub stream: Stream,
+    // Dropped last.
+    pub _ctx: Context,
+}
+
+/// Whether `ROPE_CUDA_REQUIRE_GPU` asks that GPU tests fail rather than skip.
+fn gpu_required() -> bool {
+    std::env::var("ROPE_CUDA_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The GPU, or `None` after printing that `test` skipped. With `ROPE_CUDA_REQUIRE_GPU=1` a
+/// missing GPU fails the test instead.
+pub fn gpu(test: &str) -> Option<Gpu> {
+    match cust::quick_init() {
+        Ok(ctx) => {
+            let kernels = Kernels::load().expect("loading the embedded PTX");
+            let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("creating a stream");
+            Some(Gpu { kernels, stream, _ctx: ctx })
+        }
+        Err(e) if gpu_required() => panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but CUDA found no GPU: {e}"),
+        Err(e) => {
+            // Written past libtest's capture, so the skip is visible in `cargo test` output.
+            let _ = writeln!(std::io::stderr(), "{test}: skipped, no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// Device copy of `host`.
+pub fn upload(host: &[f32]) -> DeviceBuffer<f32> {
+    DeviceBuffer::from_slice(host).expect("upload")
+}
+
+/// Host copy of `dev` (the stream must be synchronised).
+pub fn download(dev: &DeviceSlice<f32>) -> Vec<f32> {
+    let mut host = vec![0.0f32; dev.len()];
+    dev.copy_to(&mut host).expect("download");
+    host
+}
+
+/// A device buffer of `n` signalling NaNs with a recognisable payload.
+pub fn poisoned(n: usize) -> DeviceBuffer<f32> {
+    upload(&vec![f32::from_bits(POISON); n])
+}
+
+/// The poison bit pattern (a NaN no arithmetic produces).
+pub const POISON: u32 = 0x7FA5_A5A5;
+
+/// A golden file produced by `tests/data/make_golden.py`.
+pub struct Golden {
+    pub dim: usize,
+    pub max_seq_len: usize,
+    pub base: f64,
+    pub seed: u64,
+    pub q_shape: [usize; 4],
+    pub k_shape: [usize; 4],
+    /// (tensor, b, h, n, values)
+    pub rows: Vec<(usize, [usize; 3], Vec<f64>)>,
+    /// For q then k: (sum, sum of squares, weighted sum).
+    pub moments: Option<[[f64; 3]; 2]>,
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let (head, rest) = self.0.split_at(N);
+        self.0 = rest;
+        head.try_into().unwrap()
+    }
+    fn u32(&mut self) -> usize {
+        u32::from_le_bytes(self.take()) as usize
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+    fn f64(&mut self) -> f64 {
+        f64::from_le_bytes(self.take())
+    }
+}
+
+/// Reads `tests/data/<name>` (relative to the repository root, where the bundle runs too).
+pub fn golden(name: &str) -> Golden {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let path = if path.exists() { path } else { std::path::Path::new("tests/data").join(name) };
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut r = Reader(&bytes);
+    assert_eq!(&r.take::<8>(), b"RPGOLD1\0", "{name}: bad magic");
+    let (dim, max_seq_len, base, seed) = (r.u32(), r.u32(), r.f64(), r.u64());
+    let q_shape = [r.u32(), r.u32(), r.u32(), r.u32()];
+    let k_shape = [r.u32(), r.u32(), r.u32(), r.u32()];
+    let rows = (0..r.u32())
+        .map(|_| {
+            let (t, b, h, n) = (r.u32(), r.u32(), r.u32(), r.u32());
+            (t, [b, h, n], (0..dim).map(|_| r.f64()).collect())
+        })
+        .collect();
+    let moments = (r.u32() == 1).then(|| {
+        let mut m = [[0.0; 3]; 2];
+        for t in &mut m {
+            *t = [r.f64(), r.f64(), r.f64()];
+        }
+        m
+    });
+    assert!(r.0.is_empty(), "{name}: trailing bytes");
+    Golden { dim, max_seq_len, base, seed, q_shape, k_shape, rows, moments }
+}
+
+/// Flat index of row `(b, h, n)` of a contiguous `[B, H, N, D]` tensor.
+pub fn row_start(shape: [usize; 4], b: usize, h: usize, n: usize) -> usize {
+    ((b * shape[1] + h) * shape[2] + n) * shape[3]
+}
+
+/// Seed for a test's random data: `ROPE_CUDA_TEST_SEED` if set, else fresh from the clock.
+/// Printed (past the capture) so a failure can be replayed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = std::env::var("ROPE_CUDA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 & 0xFFFF_FFFF
+    });
+    let _ = writeln!(std::io::stderr(), "{test}: ROPE_CUDA_TEST_SEED={seed}");
+    seed
+}
+
+/// The f64 reference of the seed operation on a contiguous `[B, H, N, D]` tensor, for the
+/// rows `rows` (flat row indices `(b * H + h) * N + n`); returns their outputs concatenated.
+pub fn reference_rows(x: &[f32], shape: [usize; 4], base: f64, rows: impl IntoIterator<Item = usize>) -> Vec<f64> {
+    let d = shape[3];
+    let mut out = Vec::new();
+    for row in rows {
+        let xs: Vec<f64> = x[row * d..(row + 1) * d].iter().map(|&v| v as f64).collect();
+        out.extend(rope_cuda::reference::rope_neox_row(&xs, (row % shape[2]) as f64, base));
+    }
+    out
+}
+
+/// The elements of rows `rows` of a `[.., D]` tensor, concatenated.
+pub fn gather_rows(x: &[f32], d: usize, rows: impl IntoIterator<Item = usize>) -> Vec<f32> {
+    rows.into_iter().flat_map(|r| x[r * d..(r + 1) * d].iter().copied()).collect()
+}
