@@ -49,6 +49,77 @@ pub enum Error {
         /// The rejected head dimension.
         head_dim: usize,
     },
+    /// The rotary dimension is zero, odd, or larger than the head dimension.
+    #[error("rotary_dim {rotary_dim} must be even, at least 2 and at most head_dim {head_dim}")]
+    RotaryDim {
+        /// The rejected rotary dimension.
+        rotary_dim: usize,
+        /// The head dimension.
+        head_dim: usize,
+    },
+    /// A tensor's element type is not the configuration's.
+    #[error("dtype {got:?} given, but this Rope was configured for {expected:?}")]
+    DType {
+        /// The configured type.
+        expected: crate::DType,
+        /// The type given.
+        got: crate::DType,
+    },
+    /// A view reaches past the end of its buffer.
+    #[error("{what}: the view reaches element {extent} but the buffer holds {len}")]
+    OutOfBounds {
+        /// Which tensor.
+        what: &'static str,
+        /// One past the last element the view reaches (`usize::MAX` on overflow).
+        extent: usize,
+        /// Elements in the buffer.
+        len: usize,
+    },
+    /// A view that is written has elements sharing an address.
+    #[error("{what}: the view is written but its rows overlap (strides {strides:?} for shape {shape:?})")]
+    Overlap {
+        /// Which tensor.
+        what: &'static str,
+        /// Its shape.
+        shape: [usize; 4],
+        /// Its strides.
+        strides: [usize; 3],
+    },
+    /// Two tensors of one launch share memory where one of them is written.
+    #[error("{a} and {b} share memory, and at least one of them is written")]
+    Aliasing {
+        /// One tensor.
+        a: &'static str,
+        /// The other.
+        b: &'static str,
+    },
+    /// q is rotated in place and k out of place, or the reverse.
+    #[error("q and k must both be rotated in place or both out of place")]
+    InPlaceMismatch,
+    /// A device address is not aligned to its element size.
+    #[error("{what}: device address {address:#x} is not aligned to {align} bytes")]
+    Alignment {
+        /// Which buffer.
+        what: &'static str,
+        /// The address of its first element the kernel reads.
+        address: u64,
+        /// The alignment required.
+        align: usize,
+    },
+    /// Tokens were given positions outside the table; they were left untouched.
+    #[error(
+        "{count} token(s) had positions outside 0..{max_position}; the first is token {token} at position {position}"
+    )]
+    PositionOutOfRange {
+        /// The lowest offending token index (`b * seq + s`).
+        token: usize,
+        /// Its position (saturated to the i32 range).
+        position: i64,
+        /// Number of positions the table holds.
+        max_position: usize,
+        /// Number of offending tokens since the record was last read.
+        count: u64,
+    },
     /// The rotary base is not a finite number greater than zero.
     #[error("base {base} must be finite and greater than 0")]
     Base {

@@ -14,8 +14,9 @@ pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_cuda_kernels
 /// The kernels' entry points, resolved once when the module is loaded.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Functions {
-    /// `rope_neox_f32_v1`, `rope_neox_f32_v4`.
-    pub rope_neox_f32: [cuda::CUfunction; 2],
+    /// `rope_{style}_{dtype}_{s,v}`, indexed `[style][dtype][vector]` in the order of
+    /// [`ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte.
+    pub rope: [[[cuda::CUfunction; 2]; 3]; 2],
 }
 
 /// The loaded kernel module of one CUDA context.
@@ -44,7 +45,12 @@ impl Kernels {
         let function = |name: &'static str| -> Result<cuda::CUfunction> {
             module.get_function(name).map(|f| f.to_raw()).map_err(|source| Error::KernelLoad { name, source })
         };
-        let functions = Functions { rope_neox_f32: [function("rope_neox_f32_v1")?, function("rope_neox_f32_v4")?] };
+        let mut rope = [[[std::ptr::null_mut(); 2]; 3]; 2];
+        let slots = rope.iter_mut().flatten().flatten();
+        for (slot, name) in slots.zip(ENTRY_POINTS) {
+            *slot = function(name)?;
+        }
+        let functions = Functions { rope };
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
         driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
@@ -84,5 +90,20 @@ pub(crate) unsafe fn launch<P>(
     )
 }
 
-/// Kernel names, for diagnostics and the PTX checks in the tests.
-pub const ENTRY_POINTS: &[&str] = &["rope_neox_f32_v1", "rope_neox_f32_v4"];
+const _: () = assert!(ENTRY_POINTS.len() == 2 * 3 * 2, "one entry point per style, dtype and width");
+
+/// Every entry point of the PTX; [`Kernels::load`] resolves each one.
+pub const ENTRY_POINTS: &[&str] = &[
+    "rope_neox_f32_s",
+    "rope_neox_f32_v",
+    "rope_neox_f16_s",
+    "rope_neox_f16_v",
+    "rope_neox_bf16_s",
+    "rope_neox_bf16_v",
+    "rope_gptj_f32_s",
+    "rope_gptj_f32_v",
+    "rope_gptj_f16_s",
+    "rope_gptj_f16_v",
+    "rope_gptj_bf16_s",
+    "rope_gptj_bf16_v",
+];

@@ -3,45 +3,82 @@
 //! The kernels are Rust too: the `no_std` crate `rope-cuda-kernels` is compiled to PTX by
 //! this crate's `build.rs` with rustc's NVPTX backend, embedded here as [`PTX`], and loaded
 //! once per CUDA context by [`Kernels::load`]. Launches go through [`cust`] onto a stream the
-//! caller gives, look nothing up, allocate only what the call returns and never synchronise.
+//! caller gives, look nothing up, allocate only what a call returns and never synchronise
+//! (unless asked to: [`RopeConfig::checked`]).
 //!
-//! The first operation is the seed's reference module, [`RotaryModel`]: rotate-half RoPE of
-//! contiguous f32 `[B, H, N, D]` q and k at positions `0..N`.
+//! - [`Rope`], built from a [`RopeConfig`] (head_dim, rotary_dim, base, [`RopeStyle`],
+//!   max_position, [`DType`]), holds the cos/sin table and rotates q and k: NeoX or GPT-J
+//!   pairs; f32, f16 and bf16; any `[batch, seq, heads, head_dim]` strides ([`Layout`]),
+//!   including q and k as views of one fused QKV buffer; different head counts for q and k,
+//!   or no k; partial rotary; per-token i32/i64 ids or per-sequence offsets ([`Positions`]);
+//!   in place or out of place; forward or inverse ([`Direction`]).
+//! - [`Rope::apply_raw`] takes device addresses and a raw `CUstream`, for buffers from
+//!   cudarc, candle or any allocator.
+//! - [`RotaryModel`] is the seed's reference module, `Model(dim, max_seq_len, base)`.
+//! - Every bad input is an [`Error`] before any launch. A position outside the table is
+//!   never read past: its token is left untouched and reported by [`Rope::check_errors`].
 //!
-//! ```no_run
+//! Accuracy, against an f64 reference: f32 outputs within 2e-6 relative error; every f16
+//! and bf16 output within one ulp of the correctly rounded exact result.
+//!
+//! ```
 //! use cust::memory::{CopyDestination, DeviceBuffer};
 //! use cust::stream::{Stream, StreamFlags};
-//! use rope_cuda::{Kernels, RotaryModel};
+//! use half::bf16;
+//! use rope_cuda::reference::{rope_row, RefElem};
+//! use rope_cuda::{DType, Direction, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, TensorMut};
 //!
-//! let _ctx = cust::quick_init()?; // a CUDA context, current on this thread
+//! // A CUDA context, current on this thread (this example returns early without a GPU).
+//! let Ok(_ctx) = cust::quick_init() else { return Ok(()) };
 //! let kernels = Kernels::load()?; // once per context
 //! let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-//! let model = RotaryModel::new(&kernels, 128, 4096, 10_000.0)?;
-//! let shape = [1, 32, 16, 128];
-//! let n: usize = shape.iter().product();
-//! let q = DeviceBuffer::from_slice(&vec![1.0f32; n])?;
-//! let k = DeviceBuffer::from_slice(&vec![1.0f32; n])?;
-//! let (q_rot, k_rot) = model.forward(&q, &shape, &k, &shape, &stream)?;
-//! stream.synchronize()?;
-//! let mut host = vec![0.0f32; n];
-//! q_rot.copy_to(&mut host)?;
-//! # let _ = k_rot;
+//! let rope = Rope::new(&kernels, RopeConfig::new(64, 4096).base(500_000.0).dtype(DType::BF16))?;
+//!
+//! // Three tokens of a fused QKV buffer: 4 q heads, 2 k heads, 2 v heads of 64.
+//! let (tokens, row) = (3, 8 * 64);
+//! let x: Vec<bf16> = (0..tokens * row).map(|i| bf16::from_f32((i % 7) as f32 - 3.0)).collect();
+//! let mut qkv = DeviceBuffer::from_slice(&x)?;
+//! let ids = DeviceBuffer::from_slice(&[0i32, 17, 4095])?;
+//! let q = Layout::strided([1, tokens, 4, 64], [tokens * row, row, 64], 0);
+//! let k = Layout::strided([1, tokens, 2, 64], [tokens * row, row, 64], 4 * 64);
+//! let (mut qv, mut kv) = TensorMut::pair(&mut qkv, q, k);
+//! rope.apply_in_place(&mut qv, Some(&mut kv), Positions::Ids(&ids), Direction::Forward, &stream)?;
+//! rope.check_errors(&stream)?; // synchronises; Err would name the first bad position
+//!
+//! let mut out = vec![bf16::ZERO; x.len()];
+//! qkv.copy_to(&mut out[..])?;
+//! // Token 1, k head 0, against the f64 reference.
+//! let start = row + 4 * 64;
+//! let xs: Vec<f64> = x[start..start + 64].iter().map(|v| v.to_f64()).collect();
+//! let want = rope_row(&xs, 17.0, 500_000.0, 64, RopeStyle::NeoX, Direction::Forward);
+//! for (got, want) in out[start..start + 64].iter().zip(want) {
+//!     assert!(got.ulps(<bf16 as RefElem>::round(want)) <= 1);
+//! }
+//! // v is untouched.
+//! assert_eq!(out[6 * 64..row], x[6 * 64..row]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
 
 pub mod bench;
+mod config;
 mod error;
 mod kernels;
+mod layout;
 pub mod reference;
 mod rope;
 mod seed;
 mod table;
+mod tensor;
 
+pub use config::{DType, Direction, RopeConfig, RopeStyle};
 pub use error::{Error, Result};
 pub use kernels::{Kernels, ENTRY_POINTS, PTX};
+pub use layout::Layout;
+pub use rope::Rope;
 pub use seed::RotaryModel;
 pub use table::{HostTable, RopeTable, MAX_POSITION_LIMIT};
+pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).
 pub const ARCH: &str = env!("ROPE_CUDA_ARCH");

@@ -3,19 +3,167 @@
 
 use rope_cuda_kernels::math::inv_freq;
 
+use crate::config::{Direction, RopeStyle};
+use crate::tensor::Element;
+
+/// RoPE of one row (one head of one token) in f64, computed from scratch.
+///
+/// Pair `i < rotary_dim / 2` turns by `position * inv_freq[i]` (negated for
+/// [`Direction::Inverse`]), `inv_freq[i] = 1 / base^(2i / rotary_dim)`; elements past
+/// `rotary_dim` are copied.
+pub fn rope_row(
+    x: &[f64],
+    position: f64,
+    base: f64,
+    rotary_dim: usize,
+    style: RopeStyle,
+    direction: Direction,
+) -> Vec<f64> {
+    let half = rotary_dim / 2;
+    let sign = if direction == Direction::Inverse { -1.0 } else { 1.0 };
+    let mut out = x.to_vec();
+    for i in 0..half {
+        let (s, c) = (position * inv_freq(base, rotary_dim, i)).sin_cos();
+        let s = sign * s;
+        let (a, b) = match style {
+            RopeStyle::NeoX => (i, i + half),
+            RopeStyle::GptJ => (2 * i, 2 * i + 1),
+        };
+        out[a] = x[a] * c - x[b] * s;
+        out[b] = x[b] * c + x[a] * s;
+    }
+    out
+}
+
 /// Rotate-half (NeoX) RoPE of one row in f64: `out = x * cos + rotate_half(x) * sin`, with
 /// the angle of pair `i` equal to `position * inv_freq[i]`, `inv_freq[i] = 1 / base^(2i / D)`
 /// and `D = x.len()`. Every value is computed from scratch in f64.
 pub fn rope_neox_row(x: &[f64], position: f64, base: f64) -> Vec<f64> {
-    let d = x.len();
-    let half = d / 2;
-    let mut out = vec![0.0; d];
-    for i in 0..half {
-        let (s, c) = (position * inv_freq(base, d, i)).sin_cos();
-        out[i] = x[i] * c - x[i + half] * s;
-        out[i + half] = x[i + half] * c + x[i] * s;
+    rope_row(x, position, base, x.len(), RopeStyle::NeoX, Direction::Forward)
+}
+
+/// What comparing kernel outputs with the f64 reference needs of an element type.
+pub trait RefElem: Element + Copy + Default + std::fmt::Debug {
+    /// `f32`, `f16` or `bf16`.
+    const NAME: &'static str;
+    /// A NaN bit pattern no arithmetic produces.
+    const POISON_BITS: u32;
+    /// The element nearest `v`.
+    fn from_f32(v: f32) -> Self;
+    /// The exact value.
+    fn to_f64(self) -> f64;
+    /// The correctly rounded (to nearest, ties to even) element of `v`.
+    fn round(v: f64) -> Self;
+    /// The bit pattern.
+    fn bits(self) -> u32;
+    /// The element of bit pattern `b` (low bits).
+    fn from_bits(b: u32) -> Self;
+    /// Distance in units in the last place (through the ordered integer line).
+    fn ulps(self, other: Self) -> u64;
+}
+
+/// The inverse of [`ordered`].
+fn from_ordered(o: i64, width: u32) -> u32 {
+    let sign = 1u32 << (width - 1);
+    if o < 0 {
+        sign | (-o) as u32
+    } else {
+        o as u32
     }
-    out
+}
+
+/// The correctly rounded 16-bit value of `v`, from `approx` (at most one step off): the
+/// nearest of its neighbours, ties to the even bit pattern.
+fn round16(v: f64, approx: u32, to_f64: impl Fn(u32) -> f64) -> u32 {
+    let o = ordered(approx, 16);
+    let mut best = approx;
+    for cand in [from_ordered(o - 1, 16), from_ordered(o + 1, 16)] {
+        let (d_best, d_cand) = ((to_f64(best) - v).abs(), (to_f64(cand) - v).abs());
+        if d_cand < d_best || (d_cand == d_best && cand & 1 == 0) {
+            best = cand;
+        }
+    }
+    best
+}
+
+fn ordered(bits: u32, width: u32) -> i64 {
+    let sign = 1u32 << (width - 1);
+    if bits & sign != 0 {
+        -((bits & (sign - 1)) as i64)
+    } else {
+        bits as i64
+    }
+}
+
+impl RefElem for f32 {
+    const NAME: &'static str = "f32";
+    const POISON_BITS: u32 = 0x7FA5_A5A5;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn round(v: f64) -> Self {
+        v as f32
+    }
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+    fn from_bits(b: u32) -> Self {
+        f32::from_bits(b)
+    }
+    fn ulps(self, other: Self) -> u64 {
+        ordered(self.to_bits(), 32).abs_diff(ordered(other.to_bits(), 32))
+    }
+}
+
+impl RefElem for half::f16 {
+    const NAME: &'static str = "f16";
+    const POISON_BITS: u32 = 0x7DA5;
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn round(v: f64) -> Self {
+        let approx = half::f16::from_f64(v).to_bits() as u32;
+        <Self as RefElem>::from_bits(round16(v, approx, |b| <Self as RefElem>::from_bits(b).to_f64()))
+    }
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+    fn from_bits(b: u32) -> Self {
+        half::f16::from_bits(b as u16)
+    }
+    fn ulps(self, other: Self) -> u64 {
+        ordered(self.to_bits() as u32, 16).abs_diff(ordered(other.to_bits() as u32, 16))
+    }
+}
+
+impl RefElem for half::bf16 {
+    const NAME: &'static str = "bf16";
+    const POISON_BITS: u32 = 0x7FA5;
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn round(v: f64) -> Self {
+        let approx = half::bf16::from_f64(v).to_bits() as u32;
+        <Self as RefElem>::from_bits(round16(v, approx, |b| <Self as RefElem>::from_bits(b).to_f64()))
+    }
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+    fn from_bits(b: u32) -> Self {
+        half::bf16::from_bits(b as u16)
+    }
+    fn ulps(self, other: Self) -> u64 {
+        ordered(self.to_bits() as u32, 16).abs_diff(ordered(other.to_bits() as u32, 16))
+    }
 }
 
 /// The SplitMix64 finaliser.

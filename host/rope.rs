@@ -1,81 +1,575 @@
-//! The RoPE launcher shared by every public RoPE entry point.
+//! [`Rope`]: a configuration, its table on the device, and its launches.
 
-use cust::sys::CUstream;
-use rope_cuda_kernels::params::RopeParams;
+use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::stream::Stream;
+use cust::sys as cuda;
+use rope_cuda_kernels::params::{groups, heads_per_thread, position_mode, ErrorRecord, HeadsView, RopeParams};
 
-use crate::error::{Error, Result};
+use crate::config::{DType, Direction, RopeConfig, RopeStyle};
+use crate::error::{driver, Error, Result};
 use crate::kernels::{launch, Geometry, Kernels};
+use crate::layout::disjoint;
 use crate::table::RopeTable;
+use crate::tensor::{Element, PositionKind, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 
 /// Threads per block the launcher aims for.
 const BLOCK_THREADS: u32 = 256;
 
-/// Launches rotate-half RoPE over `params.q` and `params.k` with positions `0..seq`.
+/// RoPE for one configuration: the cos/sin table built once (angles in f64, stored f32), the
+/// device-side record of out-of-range positions, and the launches.
 ///
-/// The caller has validated the views: every row `(b, s, h)` with `b * seq + s < tokens`,
-/// `h < heads` lies inside its buffers, `half == table.rotary_dim() / 2`, and
-/// `seq <= table.max_position()`. This fills in the table, picks the vector width and the
-/// geometry, and launches.
-pub(crate) fn launch_neox_f32(
-    kernels: &Kernels,
-    table: &RopeTable,
-    mut params: RopeParams,
-    stream: CUstream,
-) -> Result<()> {
-    params.cos = table.cos.as_device_ptr().as_raw();
-    params.sin = table.sin.as_device_ptr().as_raw();
-    let vec4 = params.half % 4 == 0 && aligned16(&params);
-    params.lanes = if vec4 { params.half / 4 } else { params.half };
-    let Some(geometry) = geometry(&params)? else {
-        return Ok(());
-    };
-    let function = kernels.functions.rope_neox_f32[vec4 as usize];
-    // SAFETY: the caller's checks keep every row the geometry reaches inside its buffer and
-    // every position inside the table; `aligned16` holds for the v4 kernel.
-    unsafe { launch(function, geometry, &params, stream) }
+/// q and k are `[batch, seq, heads, head_dim]` views with their own strides ([`Layout`]);
+/// q and k may have different head counts (GQA/MQA), k may be absent, and they may be
+/// slices of one fused QKV buffer. Positions come per token, per sequence start, or in
+/// order ([`Positions`]). A token whose position is outside `0..max_position` is left
+/// untouched and recorded; [`Rope::check_errors`] reports it (every call does, in checked
+/// mode).
+///
+/// ```no_run
+/// use cust::memory::DeviceBuffer;
+/// use cust::stream::{Stream, StreamFlags};
+/// use half::bf16;
+/// use rope_cuda::{DType, Direction, Kernels, Layout, Positions, Rope, RopeConfig, TensorMut};
+///
+/// let _ctx = cust::quick_init()?;
+/// let kernels = Kernels::load()?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let rope = Rope::new(&kernels, RopeConfig::new(128, 8192).base(500_000.0).dtype(DType::BF16))?;
+/// // 4 tokens of a fused QKV buffer: 32 q heads, 8 k heads, 8 v heads of 128.
+/// let (tokens, row) = (4, 48 * 128);
+/// let mut qkv = DeviceBuffer::from_slice(&vec![bf16::from_f32(0.5); tokens * row])?;
+/// let positions = DeviceBuffer::from_slice(&[7i32, 8, 9, 10])?;
+/// let q = Layout::strided([1, tokens, 32, 128], [tokens * row, row, 128], 0);
+/// let k = Layout::strided([1, tokens, 8, 128], [tokens * row, row, 128], 32 * 128);
+/// let (mut q, mut k) = TensorMut::pair(&mut qkv, q, k);
+/// rope.apply_in_place(&mut q, Some(&mut k), Positions::Ids(&positions), Direction::Forward, &stream)?;
+/// rope.check_errors(&stream)?; // synchronises; Err names the first out-of-range token
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Rope<'k> {
+    kernels: &'k Kernels,
+    config: RopeConfig,
+    table: RopeTable,
+    /// An [`ErrorRecord`] as two u64.
+    errors: DeviceBuffer<u64>,
 }
 
-/// Whether every row start of both views, and the tables, sit on 16-byte boundaries.
-fn aligned16(p: &RopeParams) -> bool {
-    let views = [&p.q, &p.k].into_iter().filter(|v| v.heads > 0);
-    let mut ok = p.cos % 16 == 0 && p.sin % 16 == 0;
-    for v in views {
-        ok &= v.input % 16 == 0 && v.output % 16 == 0;
-        ok &= v.in_strides.iter().chain(&v.out_strides).all(|s| s % 4 == 0);
+impl<'k> Rope<'k> {
+    /// Validates `config`, builds its table and uploads it, in the current context.
+    pub fn new(kernels: &'k Kernels, config: RopeConfig) -> Result<Self> {
+        config.validate()?;
+        let table = RopeTable::new(config.rotary_dim, config.base, config.max_position)?;
+        let clear = ErrorRecord::CLEAR;
+        let errors = DeviceBuffer::from_slice(&[clear.key, clear.count])?;
+        Ok(Rope { kernels, config, table, errors })
     }
-    ok
+
+    /// The configuration.
+    pub fn config(&self) -> &RopeConfig {
+        &self.config
+    }
+
+    /// The table.
+    pub fn table(&self) -> &RopeTable {
+        &self.table
+    }
+
+    /// Rotates `q` (and `k`) in place.
+    pub fn apply_in_place<T: Element>(
+        &self,
+        q: &mut TensorMut<'_, T>,
+        k: Option<&mut TensorMut<'_, T>>,
+        positions: Positions<'_>,
+        direction: Direction,
+        stream: &Stream,
+    ) -> Result<()> {
+        let args = RawArgs {
+            dtype: T::DTYPE,
+            q: q.raw,
+            q_out: None,
+            k: k.map(|k| k.raw),
+            k_out: None,
+            positions: positions.raw(),
+            direction,
+        };
+        // SAFETY: the views borrow live cust buffers of `T` for the call; `plan` checks the
+        // rest.
+        unsafe { self.apply_raw(&args, stream.as_inner()) }
+    }
+
+    /// Writes rotated `q` into `q_out` (and `k` into `k_out`); dims past `rotary_dim` are
+    /// copied bit for bit.
+    pub fn apply<T: Element>(
+        &self,
+        q: &Tensor<'_, T>,
+        q_out: &mut TensorMut<'_, T>,
+        k: Option<(&Tensor<'_, T>, &mut TensorMut<'_, T>)>,
+        positions: Positions<'_>,
+        direction: Direction,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (k, k_out) = k.map(|(k, o)| (k.raw, o.raw)).unzip();
+        let args = RawArgs {
+            dtype: T::DTYPE,
+            q: q.raw,
+            q_out: Some(q_out.raw),
+            k,
+            k_out,
+            positions: positions.raw(),
+            direction,
+        };
+        // SAFETY: as in `apply_in_place`.
+        unsafe { self.apply_raw(&args, stream.as_inner()) }
+    }
+
+    /// The launch behind every RoPE call, on device addresses and a raw stream: for engines
+    /// whose buffers come from cudarc, candle or their own allocator.
+    ///
+    /// Everything that can be checked without reading device memory is checked first, and
+    /// an `Err` means nothing was launched.
+    ///
+    /// # Safety
+    /// Each `ptr` is the address of a live device allocation in this `Rope`'s context holding
+    /// at least `len` elements of `args.dtype` (positions: of their kind's integer type), not
+    /// freed or written by others until the work queued on `stream` completes; `stream` is a
+    /// valid stream of that context (or null, the legacy default stream).
+    pub unsafe fn apply_raw(&self, args: &RawArgs, stream: cuda::CUstream) -> Result<()> {
+        let Some(plan) = plan(&self.config, args)? else {
+            return Ok(());
+        };
+        let mut params = plan.params;
+        params.cos = self.table.cos.as_device_ptr().as_raw();
+        params.sin = self.table.sin.as_device_ptr().as_raw();
+        params.cos_lo = self.table.cos_lo.as_device_ptr().as_raw();
+        params.sin_lo = self.table.sin_lo.as_device_ptr().as_raw();
+        params.error = self.errors.as_device_ptr().as_raw();
+        let f = &self.kernels.functions.rope;
+        let function =
+            f[(self.config.style == RopeStyle::GptJ) as usize][dtype_index(self.config.dtype)][plan.vector as usize];
+        // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
+        // alignment for the chosen width, and the positions buffer's length; the table and
+        // the error record belong to this Rope.
+        launch(function, plan.geometry, &params, stream)?;
+        if self.config.checked {
+            driver("cuStreamSynchronize", cuda::cuStreamSynchronize(stream))?;
+            self.take_errors()?;
+        }
+        Ok(())
+    }
+
+    /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
+    /// since the last check: `Err(PositionOutOfRange)` naming the lowest offending token.
+    ///
+    /// The record is shared by every stream this `Rope` launches on: with several streams,
+    /// synchronise the others first so that their launches are reported too.
+    pub fn check_errors(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        self.take_errors()
+    }
+
+    /// Reads and clears the error record (the work that wrote it has completed).
+    fn take_errors(&self) -> Result<()> {
+        let mut raw = [0u64; 2];
+        self.errors.copy_to(&mut raw[..])?;
+        let record = ErrorRecord { key: raw[0], count: raw[1] };
+        let Some((token, position)) = record.first() else { return Ok(()) };
+        let clear = [ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count];
+        // SAFETY: `errors` holds two u64; the copy is synchronous.
+        driver("cuMemcpyHtoD", unsafe {
+            cuda::cuMemcpyHtoD_v2(self.errors.as_device_ptr().as_raw(), clear.as_ptr().cast(), 16)
+        })?;
+        Err(Error::PositionOutOfRange {
+            token: token as usize,
+            position,
+            max_position: self.config.max_position,
+            count: record.count,
+        })
+    }
 }
 
-/// The launch geometry of [`RopeParams`]'s thread mapping; `None` when there is no work.
-fn geometry(p: &RopeParams) -> Result<Option<Geometry>> {
-    let work = (p.q.heads as u64 + p.k.heads as u64) * p.lanes as u64;
+fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+    }
+}
+
+/// A validated launch, without the addresses that belong to the [`Rope`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Plan {
+    pub params: RopeParams,
+    pub vector: bool,
+    pub geometry: Geometry,
+}
+
+/// One of q and k: input, output (the input again in place) and names for errors.
+struct Operand {
+    input: RawTensor,
+    output: RawTensor,
+    name: &'static str,
+    out_name: &'static str,
+}
+
+/// Checks `args` against `config` and works out the launch; `None` when there is no work.
+pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> {
+    if args.dtype != config.dtype {
+        return Err(Error::DType { expected: config.dtype, got: args.dtype });
+    }
+    let size = config.dtype.size();
+    if args.q_out.is_some() != args.k_out.is_some() && args.k.is_some() {
+        return Err(Error::InPlaceMismatch);
+    }
+    if args.k.is_none() && args.k_out.is_some() {
+        return Err(Error::InPlaceMismatch);
+    }
+    let q = Operand { input: args.q, output: args.q_out.unwrap_or(args.q), name: "q", out_name: "q_out" };
+    let k = args.k.map(|input| Operand { input, output: args.k_out.unwrap_or(input), name: "k", out_name: "k_out" });
+    let ops: Vec<&Operand> = std::iter::once(&q).chain(k.as_ref()).collect();
+    let in_place = args.q_out.is_none();
+    let qs = q.input.layout.shape;
+    for op in &ops {
+        let shape = op.input.layout.shape;
+        if shape[3] != config.head_dim {
+            return Err(Error::Shape { what: op.name, axis: "head_dim", expected: config.head_dim, got: shape[3] });
+        }
+        for (axis, i) in [("batch", 0), ("seq", 1)] {
+            if shape[i] != qs[i] {
+                return Err(Error::Shape { what: op.name, axis, expected: qs[i], got: shape[i] });
+            }
+        }
+        let out = op.output.layout.shape;
+        for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
+            if out[i] != shape[i] {
+                return Err(Error::Shape { what: op.out_name, axis, expected: shape[i], got: out[i] });
+            }
+        }
+        for (what, t) in [(op.name, &op.input), (op.out_name, &op.output)] {
+            let extent = t.layout.extent().unwrap_or(usize::MAX);
+            if extent > t.len {
+                return Err(Error::OutOfBounds { what, extent, len: t.len });
+            }
+            if t.ptr % size as u64 != 0 {
+                return Err(Error::Alignment { what, address: t.ptr, align: size });
+            }
+        }
+        let written = if in_place { op.name } else { op.out_name };
+        let l = op.output.layout;
+        if !l.is_non_overlapping() {
+            return Err(Error::Overlap { what: written, shape: l.shape, strides: l.strides });
+        }
+        // An output either is its input (in place) or shares nothing with it.
+        let same = op.output.ptr == op.input.ptr && op.output.layout == op.input.layout;
+        if !same && !disjoint((op.input.ptr, &op.input.layout), (op.output.ptr, &l), size) {
+            return Err(Error::Aliasing { a: op.name, b: op.out_name });
+        }
+    }
+    if let Some(k) = &k {
+        // Nothing one tensor writes may be read or written through the other.
+        let pairs = [
+            (&q.output, q.out_name, &k.output, k.out_name),
+            (&q.output, q.out_name, &k.input, k.name),
+            (&k.output, k.out_name, &q.input, q.name),
+        ];
+        for (a, an, b, bn) in pairs {
+            if !disjoint((a.ptr, &a.layout), (b.ptr, &b.layout), size) {
+                let (an, bn) = if in_place { (q.name, k.name) } else { (an, bn) };
+                return Err(Error::Aliasing { a: an, b: bn });
+            }
+        }
+    }
+
+    let (batch, seq) = (qs[0], qs[1]);
+    let tokens = batch.saturating_mul(seq);
+    let (mode, needed_len, align) = match args.positions.kind {
+        PositionKind::Sequential => (position_mode::SEQUENTIAL, None, 1),
+        PositionKind::IdsI32 => (position_mode::IDS_I32, Some(tokens), 4),
+        PositionKind::IdsI64 => (position_mode::IDS_I64, Some(tokens), 8),
+        PositionKind::OffsetsI32 => (position_mode::OFFSETS_I32, Some(batch), 4),
+        PositionKind::OffsetsI64 => (position_mode::OFFSETS_I64, Some(batch), 8),
+    };
+    match needed_len {
+        None if seq > config.max_position => {
+            return Err(Error::MaxPosition { needed: seq, max_position: config.max_position });
+        }
+        Some(n) if n != args.positions.len => {
+            let shape = if n == batch && mode >= position_mode::OFFSETS_I32 { vec![batch] } else { vec![batch, seq] };
+            return Err(Error::Length { what: "positions", shape, expected: n, got: args.positions.len });
+        }
+        Some(_) if args.positions.ptr % align != 0 => {
+            return Err(Error::Alignment { what: "positions", address: args.positions.ptr, align: align as usize });
+        }
+        _ => {}
+    }
+    for (what, value) in
+        [("batch * seq", tokens), ("q heads", qs[2]), ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads()))]
+    {
+        if value > u32::MAX as usize {
+            return Err(Error::TooLarge { what, value: value as u64, limit: u32::MAX as u64 });
+        }
+    }
+
+    // Vector width: 16-byte accesses when every address and stride allows them.
+    let e = 16 / size;
+    let (rot, hd, half) = (config.rotary_dim, config.head_dim, config.rotary_dim / 2);
+    let pairs_ok = match config.style {
+        RopeStyle::NeoX => half % e == 0,
+        RopeStyle::GptJ => rot % e == 0,
+    };
+    let views_ok = ops
+        .iter()
+        .flat_map(|op| [&op.input, &op.output])
+        .all(|t| (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0));
+    let vector = pairs_ok && hd % e == 0 && views_ok;
+    let (rot_lanes, copy_width) = match (vector, config.style) {
+        (true, RopeStyle::NeoX) => (half / e, e),
+        (true, RopeStyle::GptJ) => (rot / e, e),
+        (false, _) => (half, 1),
+    };
+    let copy_lanes = if in_place { 0 } else { (hd - rot) / copy_width };
+
+    let view = |op: &Operand| {
+        let (i, o) = (&op.input, &op.output);
+        HeadsView {
+            input: i.ptr + (i.layout.offset * size) as u64,
+            output: o.ptr + (o.layout.offset * size) as u64,
+            in_strides: i.layout.strides.map(|s| s as u64),
+            out_strides: o.layout.strides.map(|s| s as u64),
+            heads: i.layout.heads() as u32,
+            _pad: 0,
+        }
+    };
+    let params = RopeParams {
+        q: view(&q),
+        k: k.as_ref().map(view).unwrap_or_default(),
+        positions: args.positions.ptr,
+        tokens: tokens as u32,
+        seq: seq as u32,
+        half: half as u32,
+        rot_lanes: rot_lanes as u32,
+        copy_lanes: copy_lanes as u32,
+        max_position: config.max_position as u32,
+        position_mode: mode,
+        sin_sign: match args.direction {
+            Direction::Forward => 1.0,
+            Direction::Inverse => -1.0,
+        },
+        ..Default::default()
+    };
+    let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
+    Ok(geometry(&params, g)?.map(|geometry| Plan { params, vector, geometry }))
+}
+
+/// The launch geometry of [`RopeParams`]'s thread mapping for a kernel taking `g` heads per
+/// thread; `None` when there is no work.
+fn geometry(p: &RopeParams, g: u32) -> Result<Option<Geometry>> {
+    let work = (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64;
     if work == 0 || p.tokens == 0 {
         return Ok(None);
     }
-    let work = u32::try_from(work).map_err(|_| Error::TooLarge {
+    let limit = 65_535 * BLOCK_THREADS as u64;
+    let work = u32::try_from(work).ok().filter(|&w| w as u64 <= limit).ok_or(Error::TooLarge {
         what: "heads * lanes",
         value: work,
-        limit: u32::MAX as u64,
+        limit,
     })?;
     let bx = work.min(BLOCK_THREADS);
     let by = (BLOCK_THREADS / bx).max(1);
-    let grid_y = work.div_ceil(bx);
-    if grid_y > 65_535 {
-        return Err(Error::TooLarge {
-            what: "heads * lanes",
-            value: work as u64,
-            limit: 65_535 * BLOCK_THREADS as u64,
-        });
-    }
-    Ok(Some(Geometry { grid: (p.tokens.div_ceil(by), grid_y), block: (bx, by) }))
+    Ok(Some(Geometry { grid: (p.tokens.div_ceil(by), work.div_ceil(bx)), block: (bx, by) }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Layout;
+    use crate::tensor::RawPositions;
+
+    const BASE: u64 = 1 << 20;
+
+    fn tensor(ptr: u64, layout: Layout) -> RawTensor {
+        RawTensor { ptr, len: layout.extent().unwrap(), layout }
+    }
+
+    /// bf16, head_dim 128, 4 tokens of q (8 heads) and k (2 heads) in separate buffers, ids.
+    fn args() -> (RopeConfig, RawArgs) {
+        let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+        let args = RawArgs {
+            dtype: DType::BF16,
+            q: tensor(BASE, Layout::bshd(2, 2, 8, 128)),
+            q_out: None,
+            k: Some(tensor(2 * BASE, Layout::bshd(2, 2, 2, 128))),
+            k_out: None,
+            positions: RawPositions { kind: PositionKind::IdsI32, ptr: 3 * BASE, len: 4 },
+            direction: Direction::Forward,
+        };
+        (config, args)
+    }
+
+    fn err(config: &RopeConfig, args: &RawArgs) -> Error {
+        plan(config, args).expect_err("expected an error")
+    }
+
+    #[test]
+    fn plans_vector_launches_for_aligned_views() {
+        let (config, args) = args();
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert!(p.vector);
+        assert_eq!((p.params.rot_lanes, p.params.copy_lanes, p.params.tokens, p.params.seq), (8, 0, 4, 2));
+        assert_eq!((p.params.q.heads, p.params.k.heads), (8, 2));
+        assert_eq!(p.params.q.in_strides, [2 * 8 * 128, 8 * 128, 128]);
+        // GPT-J, partial rotary, out of place: lanes of 8 elements, copy lanes for the rest.
+        let config = config.style(RopeStyle::GptJ).rotary_dim(64);
+        let out = Some(tensor(4 * BASE, Layout::bshd(2, 2, 8, 128)));
+        let k_out = Some(tensor(5 * BASE, Layout::bshd(2, 2, 2, 128)));
+        let p = plan(&config, &RawArgs { q_out: out, k_out, ..args }).unwrap().unwrap();
+        assert_eq!((p.params.rot_lanes, p.params.copy_lanes), (64 / 8, 64 / 8));
+        assert_eq!(p.params.sin_sign, 1.0);
+    }
+
+    #[test]
+    fn falls_back_to_scalar_when_alignment_or_dims_forbid_vectors() {
+        let (config, mut args) = args();
+        args.q.layout.offset = 1; // 2-byte aligned only
+        args.q.len += 1;
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert!(!p.vector);
+        assert_eq!(p.params.rot_lanes, 64);
+        let (config, args) = args_with(RopeConfig::new(80, 64).rotary_dim(20), DType::F32);
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert!(!p.vector, "half = 10 is not a multiple of 4");
+        assert_eq!(p.params.rot_lanes, 10);
+    }
+
+    fn args_with(config: RopeConfig, dtype: DType) -> (RopeConfig, RawArgs) {
+        let (_, mut args) = args();
+        let config = config.dtype(dtype);
+        args.dtype = dtype;
+        let d = config.head_dim;
+        args.q = tensor(BASE, Layout::bshd(2, 2, 8, d));
+        args.k = Some(tensor(2 * BASE, Layout::bshd(2, 2, 2, d)));
+        (config, args)
+    }
+
+    #[test]
+    fn fused_qkv_views_in_place_are_accepted() {
+        let (config, mut args) = args();
+        let row = (8 + 2 + 2) * 128 + 8; // padded rows
+        args.q = RawTensor { ptr: BASE, len: 4 * row, layout: Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0) };
+        args.k = Some(RawTensor {
+            ptr: BASE,
+            len: 4 * row,
+            layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
+        });
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert!(p.vector, "row stride {row} keeps 16-byte alignment");
+        // k shifted by one head onto q's last head.
+        args.k.as_mut().unwrap().layout.offset = 7 * 128;
+        assert!(matches!(err(&config, &args), Error::Aliasing { a: "q", b: "k" }));
+    }
+
+    #[test]
+    fn each_bad_input_has_its_own_error() {
+        let (config, args) = args();
+        let e = err(&config, &RawArgs { dtype: DType::F16, ..args });
+        assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+
+        let mut a = args;
+        a.q.layout.shape[3] = 64;
+        assert!(matches!(err(&config, &a), Error::Shape { what: "q", axis: "head_dim", expected: 128, got: 64 }));
+        let mut a = args;
+        a.k.as_mut().unwrap().layout.shape[1] = 3;
+        assert!(matches!(err(&config, &a), Error::Shape { what: "k", axis: "seq", expected: 2, got: 3 }));
+        let mut a = args;
+        a.k.as_mut().unwrap().layout.shape[0] = 1;
+        assert!(matches!(err(&config, &a), Error::Shape { what: "k", axis: "batch", .. }));
+
+        let mut a = args;
+        a.q.len -= 1;
+        assert!(matches!(err(&config, &a), Error::OutOfBounds { what: "q", .. }));
+        let mut a = args;
+        a.q.ptr += 1;
+        assert!(matches!(err(&config, &a), Error::Alignment { what: "q", align: 2, .. }));
+
+        let mut a = args;
+        a.q.layout.strides[2] = 64; // heads overlap, written in place
+        assert!(matches!(err(&config, &a), Error::Overlap { what: "q", .. }));
+
+        // Out of place: shapes, bounds and aliasing of the outputs.
+        let q_out = tensor(4 * BASE, Layout::bshd(2, 2, 8, 128));
+        let k_out = tensor(5 * BASE, Layout::bshd(2, 2, 2, 128));
+        let oop = RawArgs { q_out: Some(q_out), k_out: Some(k_out), ..args };
+        plan(&config, &oop).unwrap();
+        let e = err(&config, &RawArgs { k_out: None, ..oop });
+        assert!(matches!(e, Error::InPlaceMismatch), "{e:?}");
+        let mut a = oop;
+        a.q_out.as_mut().unwrap().layout.shape[2] = 7;
+        assert!(matches!(err(&config, &a), Error::Shape { what: "q_out", axis: "heads", expected: 8, got: 7 }));
+        let mut a = oop;
+        a.k_out.as_mut().unwrap().len = 10;
+        assert!(matches!(err(&config, &a), Error::OutOfBounds { what: "k_out", .. }));
+        let mut a = oop;
+        a.k_out = Some(q_out);
+        a.k_out.as_mut().unwrap().layout.shape[2] = 2;
+        assert!(matches!(err(&config, &a), Error::Aliasing { a: "q_out", b: "k_out" }));
+        let mut a = oop;
+        a.q_out.as_mut().unwrap().ptr = BASE + 256; // overlaps q, not equal to it
+        assert!(matches!(err(&config, &a), Error::Aliasing { a: "q", b: "q_out" }));
+        let mut a = oop;
+        a.q_out = Some(a.k.unwrap()); // writes k's input
+        a.q_out.as_mut().unwrap().layout = Layout::bshd(2, 2, 8, 128);
+        a.q_out.as_mut().unwrap().len = usize::MAX;
+        assert!(matches!(err(&config, &a), Error::Aliasing { a: "q_out", b: "k" }));
+
+        // Positions.
+        let mut a = args;
+        a.positions.len = 3;
+        assert!(matches!(err(&config, &a), Error::Length { what: "positions", expected: 4, got: 3, .. }));
+        let mut a = args;
+        a.positions = RawPositions { kind: PositionKind::OffsetsI64, ptr: 3 * BASE + 4, len: 2 };
+        assert!(matches!(err(&config, &a), Error::Alignment { what: "positions", align: 8, .. }));
+        let mut a = args;
+        a.positions = RawPositions::SEQUENTIAL;
+        a.q.layout = Layout::bshd(1, 5000, 8, 128);
+        a.q.len = a.q.layout.extent().unwrap();
+        a.k = None;
+        assert!(matches!(err(&config, &a), Error::MaxPosition { needed: 5000, max_position: 4096 }));
+    }
+
+    #[test]
+    fn configs_are_validated() {
+        let ok = RopeConfig::new(128, 16);
+        ok.validate().unwrap();
+        assert!(matches!(RopeConfig::new(130 + 512, 16).validate(), Err(Error::HeadDim { .. })));
+        assert!(matches!(RopeConfig::new(127, 16).validate(), Err(Error::HeadDim { head_dim: 127 })));
+        assert!(matches!(ok.clone().rotary_dim(130).validate(), Err(Error::RotaryDim { rotary_dim: 130, .. })));
+        assert!(matches!(ok.clone().rotary_dim(31).validate(), Err(Error::RotaryDim { .. })));
+        assert!(matches!(ok.clone().base(0.0).validate(), Err(Error::Base { .. })));
+        assert!(matches!(RopeConfig::new(128, 0).validate(), Err(Error::MaxPosition { .. })));
+        assert!(matches!(RopeConfig::new(128, 1 << 31).validate(), Err(Error::TooLarge { what: "max_position", .. })));
+    }
+
+    #[test]
+    fn empty_work_plans_nothing_but_is_still_checked() {
+        let (config, mut args) = args();
+        args.q.layout.shape[0] = 0;
+        args.k.as_mut().unwrap().layout.shape[0] = 0;
+        args.positions.len = 0;
+        assert_eq!(plan(&config, &args).unwrap(), None);
+        args.positions.len = 1;
+        assert!(matches!(err(&config, &args), Error::Length { what: "positions", .. }));
+    }
+
+    #[test]
+    fn error_keys_order_by_token_and_saturate_positions() {
+        assert!(ErrorRecord::key(3, 1 << 40) < ErrorRecord::key(4, -5));
+        let r = ErrorRecord { key: ErrorRecord::key(7, -(1 << 40)), count: 2 };
+        assert_eq!(r.first(), Some((7, i32::MIN as i64)));
+        assert_eq!(ErrorRecord::CLEAR.first(), None);
+    }
 
     fn params(qh: u32, kh: u32, lanes: u32, tokens: u32) -> RopeParams {
-        let mut p = RopeParams { tokens, seq: 1, half: lanes, lanes, ..Default::default() };
+        let mut p = RopeParams { tokens, seq: 1, half: lanes, rot_lanes: lanes, ..Default::default() };
         p.q.heads = qh;
         p.k.heads = kh;
         p
@@ -84,11 +578,19 @@ mod tests {
     /// Every (token, work item) pair gets exactly one thread, and blocks stay within 1024.
     #[test]
     fn geometry_covers_all_work_once() {
-        for (qh, kh, lanes, tokens) in [(32, 8, 16, 5), (1, 0, 1, 3), (17, 1, 10, 7), (3, 3, 8, 1), (64, 64, 32, 2)] {
+        let cases = [
+            (32, 8, 16, 5, 1),
+            (1, 0, 1, 3, 1),
+            (17, 1, 10, 7, 2),
+            (3, 3, 8, 1, 4),
+            (64, 64, 32, 2, 4),
+            (33, 7, 8, 9, 4),
+        ];
+        for (qh, kh, lanes, tokens, heads_per_thread) in cases {
             let p = params(qh, kh, lanes, tokens);
-            let g = geometry(&p).unwrap().unwrap();
+            let g = geometry(&p, heads_per_thread).unwrap().unwrap();
             assert!(g.block.0 * g.block.1 <= 1024);
-            let work = (qh + kh) * lanes;
+            let work = (groups(qh, heads_per_thread) + groups(kh, heads_per_thread)) * lanes;
             let mut seen = vec![0u32; (work * tokens) as usize];
             for gx in 0..g.grid.0 {
                 for gy in 0..g.grid.1 {
@@ -104,7 +606,7 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "{qh}/{kh} heads, {lanes} lanes, {tokens} tokens");
         }
-        assert_eq!(geometry(&params(0, 0, 4, 9)).unwrap(), None);
-        assert_eq!(geometry(&params(4, 0, 4, 0)).unwrap(), None);
+        assert_eq!(geometry(&params(0, 0, 4, 9), 2).unwrap(), None);
+        assert_eq!(geometry(&params(4, 0, 4, 0), 2).unwrap(), None);
     }
 }

@@ -6,12 +6,14 @@
 
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
-use rope_cuda_kernels::params::{HeadsView, RopeParams};
 
+use crate::config::{Direction, RopeConfig};
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
-use crate::rope::launch_neox_f32;
+use crate::layout::Layout;
+use crate::rope::Rope;
 use crate::table::RopeTable;
+use crate::tensor::{Positions, Tensor, TensorMut};
 
 /// Rotate-half RoPE over contiguous f32 `[batch, heads, seq, head_dim]` tensors, positions
 /// `0..seq`: the seed's `Model(dim, max_seq_len, base)`.
@@ -37,9 +39,7 @@ use crate::table::RopeTable;
 /// ```
 #[derive(Debug)]
 pub struct RotaryModel<'k> {
-    kernels: &'k Kernels,
-    dim: usize,
-    table: RopeTable,
+    rope: Rope<'k>,
 }
 
 /// A validated `[batch, heads, seq, head_dim]` shape.
@@ -56,30 +56,26 @@ impl Bhnd {
         self.batch * self.heads * self.seq * self.dim
     }
 
-    /// The view of a contiguous tensor of this shape, from `input` to `output`.
-    fn view(&self, input: u64, output: u64) -> HeadsView {
-        let strides = [(self.heads * self.seq * self.dim) as u64, self.dim as u64, (self.seq * self.dim) as u64];
-        HeadsView { input, output, in_strides: strides, out_strides: strides, heads: self.heads as u32, _pad: 0 }
+    /// The contiguous layout of this shape.
+    fn layout(&self) -> Layout {
+        Layout::bhsd(self.batch, self.heads, self.seq, self.dim)
     }
 }
 
 impl<'k> RotaryModel<'k> {
     /// Builds the table for `head_dim = dim`, positions `0..max_seq_len` and `base`.
     pub fn new(kernels: &'k Kernels, dim: usize, max_seq_len: usize, base: f64) -> Result<Self> {
-        if dim < 2 || dim % 2 != 0 {
-            return Err(Error::HeadDim { head_dim: dim });
-        }
-        Ok(RotaryModel { kernels, dim, table: RopeTable::new(dim, base, max_seq_len)? })
+        Ok(RotaryModel { rope: Rope::new(kernels, RopeConfig::new(dim, max_seq_len).base(base))? })
     }
 
     /// The head dimension.
     pub fn dim(&self) -> usize {
-        self.dim
+        self.rope.config().head_dim
     }
 
     /// The table: positions `0..max_seq_len`.
     pub fn table(&self) -> &RopeTable {
-        &self.table
+        self.rope.table()
     }
 
     /// Returns `(q_rot, k_rot)`, newly allocated, as the seed's `forward(q, k)` did.
@@ -97,8 +93,9 @@ impl<'k> RotaryModel<'k> {
         let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
         // SAFETY: every element is written by the launch below before anyone can read it
         // (rotary_dim == head_dim, and the geometry covers every row).
-        let (q_out, k_out) = unsafe { (DeviceBuffer::uninitialized(q.len())?, DeviceBuffer::uninitialized(k.len())?) };
-        self.launch(qs, ks, q, &q_out, k, &k_out, stream)?;
+        let (mut q_out, mut k_out) =
+            unsafe { (DeviceBuffer::uninitialized(q.len())?, DeviceBuffer::uninitialized(k.len())?) };
+        self.launch(qs, ks, q, &mut q_out, k, &mut k_out, stream)?;
         Ok((q_out, k_out))
     }
 
@@ -130,7 +127,9 @@ impl<'k> RotaryModel<'k> {
         stream: &Stream,
     ) -> Result<()> {
         let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
-        self.launch(qs, ks, q, q, k, k, stream)
+        let mut q = TensorMut::new(q, qs.layout());
+        let mut k = TensorMut::new(k, ks.layout());
+        self.rope.apply_in_place(&mut q, Some(&mut k), Positions::Sequential, Direction::Forward, stream)
     }
 
     /// Validates both tensors against each other and the model.
@@ -141,7 +140,7 @@ impl<'k> RotaryModel<'k> {
         k: &DeviceSlice<f32>,
         k_shape: &[usize],
     ) -> Result<(Bhnd, Bhnd)> {
-        check_shapes(self.dim, self.table.max_position(), (q.len(), q_shape), (k.len(), k_shape))
+        check_shapes(self.dim(), self.table().max_position(), (q.len(), q_shape), (k.len(), k_shape))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -150,21 +149,15 @@ impl<'k> RotaryModel<'k> {
         qs: Bhnd,
         ks: Bhnd,
         q: &DeviceSlice<f32>,
-        q_out: &DeviceSlice<f32>,
+        q_out: &mut DeviceSlice<f32>,
         k: &DeviceSlice<f32>,
-        k_out: &DeviceSlice<f32>,
+        k_out: &mut DeviceSlice<f32>,
         stream: &Stream,
     ) -> Result<()> {
-        let raw = |s: &DeviceSlice<f32>| s.as_device_ptr().as_raw();
-        let params = RopeParams {
-            q: qs.view(raw(q), raw(q_out)),
-            k: ks.view(raw(k), raw(k_out)),
-            tokens: (qs.batch * qs.seq) as u32,
-            seq: qs.seq as u32,
-            half: (self.dim / 2) as u32,
-            ..Default::default()
-        };
-        launch_neox_f32(self.kernels, &self.table, params, stream.as_inner())
+        let (q, k) = (Tensor::new(q, qs.layout()), Tensor::new(k, ks.layout()));
+        let mut q_out = TensorMut::new(q_out, qs.layout());
+        let mut k_out = TensorMut::new(k_out, ks.layout());
+        self.rope.apply(&q, &mut q_out, Some((&k, &mut k_out)), Positions::Sequential, Direction::Forward, stream)
     }
 }
 
@@ -233,7 +226,7 @@ mod tests {
         let (q, k) = check(&[2, 8, 16, 64], &[2, 2, 16, 64]).unwrap();
         assert_eq!((q.heads, k.heads, q.seq, q.elements()), (8, 2, 16, 2 * 8 * 16 * 64));
         // Contiguous [B, H, N, D] strides: batch, seq, head.
-        assert_eq!(q.view(0, 0).in_strides, [8 * 16 * 64, 64, 16 * 64]);
+        assert_eq!(q.layout().strides, [8 * 16 * 64, 64, 16 * 64]);
         check(&[0, 8, 16, 64], &[0, 8, 16, 64]).unwrap();
     }
 

@@ -1,15 +1,17 @@
 //! cos/sin tables: angles formed in f64, stored in f32, built once per configuration.
 
 use cust::memory::DeviceBuffer;
-use rope_cuda_kernels::math::inv_freq;
+use rope_cuda_kernels::math::{inv_freq, split_f64};
 
 use crate::error::{Error, Result};
 
 /// Largest table the kernels index with 32-bit positions.
 pub const MAX_POSITION_LIMIT: usize = i32::MAX as usize;
 
-/// Host copy of a cos/sin table: `cos[p * half + i] = cos(p * inv_freq[i])`, f32, row-major
-/// `[max_position, rotary_dim / 2]`.
+/// Host copy of a cos/sin table, row-major `[max_position, rotary_dim / 2]`:
+/// `cos[p * half + i]` is the f32 nearest `cos(p * inv_freq[i])` (evaluated in f64) and
+/// `cos_lo` the f32 nearest the residual; likewise for the sines. The kernels use the
+/// residuals to keep each output within one f32 rounding of itself where products cancel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTable {
     /// Pairs per row, `rotary_dim / 2`.
@@ -20,6 +22,10 @@ pub struct HostTable {
     pub cos: Vec<f32>,
     /// The sines.
     pub sin: Vec<f32>,
+    /// Residuals of the cosines.
+    pub cos_lo: Vec<f32>,
+    /// Residuals of the sines.
+    pub sin_lo: Vec<f32>,
 }
 
 impl HostTable {
@@ -32,16 +38,20 @@ impl HostTable {
         check_table_args(rotary_dim, base, max_position)?;
         let half = rotary_dim / 2;
         let freqs: Vec<f64> = (0..half).map(|i| inv_freq(base, rotary_dim, i)).collect();
-        let mut cos = Vec::with_capacity(max_position * half);
-        let mut sin = Vec::with_capacity(max_position * half);
+        let n = max_position * half;
+        let (mut cos, mut sin, mut cos_lo, mut sin_lo) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for p in 0..max_position {
             for &f in &freqs {
                 let (s, c) = (p as f64 * f).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
+                let ((c, cl), (s, sl)) = (split_f64(c), split_f64(s));
+                cos.push(c);
+                sin.push(s);
+                cos_lo.push(cl);
+                sin_lo.push(sl);
             }
         }
-        Ok(HostTable { half, max_position, cos, sin })
+        Ok(HostTable { half, max_position, cos, sin, cos_lo, sin_lo })
     }
 }
 
@@ -53,6 +63,8 @@ pub struct RopeTable {
     max_position: usize,
     pub(crate) cos: DeviceBuffer<f32>,
     pub(crate) sin: DeviceBuffer<f32>,
+    pub(crate) cos_lo: DeviceBuffer<f32>,
+    pub(crate) sin_lo: DeviceBuffer<f32>,
 }
 
 impl RopeTable {
@@ -66,6 +78,8 @@ impl RopeTable {
             max_position,
             cos: DeviceBuffer::from_slice(&host.cos)?,
             sin: DeviceBuffer::from_slice(&host.sin)?,
+            cos_lo: DeviceBuffer::from_slice(&host.cos_lo)?,
+            sin_lo: DeviceBuffer::from_slice(&host.sin_lo)?,
         })
     }
 

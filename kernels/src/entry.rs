@@ -1,64 +1,296 @@
 //! `extern "ptx-kernel"` entry points: thread-to-work mapping only (see [`RopeParams`]).
 
-use crate::gpu::{block_dim, block_idx, thread_idx, F32x4, Vector};
-use crate::math::rotate_pair;
-use crate::params::{HeadsView, RopeParams};
+use crate::gpu::{
+    atomic_add_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, load_table, thread_idx, Bf16, Io, Lane,
+    One, Two, Vec16, F16, F32,
+};
+use crate::math::{rotate_pair, rotate_pair_fast};
+use crate::params::{groups, heads_per_thread, position_mode, ErrorRecord, RopeParams};
 
-/// Rotate-half RoPE of one lane of one row, `V::N` pairs wide.
+/// The table entries of one lane: `n` pairs' cos and sin (the f32 nearest the f64 values),
+/// the sine's sign set for the direction.
+struct Entries {
+    c: Lane,
+    s: Lane,
+    /// Where the lane's entries start, for the residuals.
+    at: usize,
+}
+
+impl Entries {
+    /// Loads `n` entries from pair `i` of the table row of position `pos`.
+    #[inline(always)]
+    unsafe fn load(p: &RopeParams, pos: usize, i: usize, n: usize) -> Entries {
+        let at = pos * p.half as usize + i;
+        let mut s = load_table((p.sin as *const f32).wrapping_add(at), n);
+        for v in s.iter_mut().take(n) {
+            *v *= p.sin_sign;
+        }
+        Entries { c: load_table((p.cos as *const f32).wrapping_add(at), n), s, at }
+    }
+
+    /// The residuals `(cos_lo, sin_lo)` of entry `j`, one at a time (few registers: this
+    /// is the rare path).
+    #[inline(always)]
+    unsafe fn residual(&self, p: &RopeParams, j: usize) -> (f32, f32) {
+        let c = load_table((p.cos_lo as *const f32).wrapping_add(self.at + j), 1)[0];
+        let s = load_table((p.sin_lo as *const f32).wrapping_add(self.at + j), 1)[0];
+        (c, s * p.sin_sign)
+    }
+}
+
+/// Calls `f(j)` for each `j` in `0..n` (`n <= 8`), unrolled: after inlining every `j` is a
+/// constant, so the lane arrays `f` indexes stay in registers. (LLVM does not unroll the
+/// larger loop bodies by itself, and one dynamic index puts a whole array in local memory.)
+#[inline(always)]
+fn unrolled(n: usize, mut f: impl FnMut(usize)) {
+    if n > 0 {
+        f(0)
+    }
+    if n > 1 {
+        f(1)
+    }
+    if n > 2 {
+        f(2)
+    }
+    if n > 3 {
+        f(3)
+    }
+    if n > 4 {
+        f(4)
+    }
+    if n > 5 {
+        f(5)
+    }
+    if n > 6 {
+        f(6)
+    }
+    if n > 7 {
+        f(7)
+    }
+}
+
+/// Rotates the `n` pairs of a lane in place; `pair(j)` says where pair `j`'s two elements
+/// are in `x` (as (vector, index)). Fast evaluation first; for narrow outputs, if any output
+/// of the lane is too small next to its inputs for the fast form to round correctly, the
+/// inputs are read again (`reload`: the source is not yet written) with the residuals, and
+/// every pair of the lane is recomputed with [`rotate_pair`]. That happens for about one
+/// output in 10^4 on random data.
+#[inline(always)]
+unsafe fn rotate_lane<R: Io>(
+    t: &Entries,
+    p: &RopeParams,
+    n: usize,
+    x: &mut [Lane; 2],
+    pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
+    reload: impl Fn() -> [Lane; 2],
+) {
+    debug_assert!(n <= 8);
+    let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
+    unrolled(n, |j| {
+        let ((l0, i0), (l1, i1)) = pair(j);
+        let (a, b) = (x[l0][i0], x[l1][i1]);
+        let (y0, y1) = rotate_pair_fast(a, b, t.c[j], t.s[j]);
+        if let Some(narrow) = R::NARROW {
+            let (sl, sm) = narrow.slack((y0, y1), a, b);
+            slack = slack.min(sl);
+            if narrow.min_normal > 0.0 {
+                smallest = smallest.min(sm);
+            }
+        }
+        x[l0][i0] = y0;
+        x[l1][i1] = y1;
+    });
+    if R::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) {
+        let orig = reload();
+        unrolled(n, |j| {
+            let ((l0, i0), (l1, i1)) = pair(j);
+            let (a, b) = (orig[l0][i0], orig[l1][i1]);
+            let (c_lo, s_lo) = t.residual(p, j);
+            (x[l0][i0], x[l1][i1]) = rotate_pair(a, b, (t.c[j], c_lo), (t.s[j], s_lo));
+        });
+    }
+}
+
+/// The rows one thread rotates: `count` heads of one token, head `h` at byte offset
+/// `h * step` from the first.
+#[derive(Clone, Copy)]
+struct Rows {
+    src: *const u8,
+    dst: *mut u8,
+    src_step: usize,
+    dst_step: usize,
+    count: usize,
+}
+
+impl Rows {
+    #[inline(always)]
+    fn src(&self, h: usize, byte: usize) -> *const u8 {
+        self.src.wrapping_add(h * self.src_step + byte)
+    }
+
+    #[inline(always)]
+    fn dst(&self, h: usize, byte: usize) -> *mut u8 {
+        self.dst.wrapping_add(h * self.dst_step + byte)
+    }
+}
+
+/// Which elements form the pairs.
+trait Style {
+    /// Loads lane `lane` of head `h` of `rows`.
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Lane; 2];
+    /// Rotates lane `lane` of every head of `rows`, given head 0's data. The next head's loads
+    /// are issued before the current head's stores, so two heads' loads are in flight.
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams);
+}
+
+/// Rotate-half: pair `i` is `(x[i], x[i + half])`; a lane takes `E` pairs.
+struct NeoX;
+/// Interleaved: pair `i` is `(x[2i], x[2i + 1])`; a lane takes `E / 2` pairs.
+struct GptJ;
+
+impl Style for NeoX {
+    #[inline(always)]
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Lane; 2] {
+        let i = lane * R::E;
+        [R::load(rows.src(h, i * R::SIZE)), R::load(rows.src(h, (i + p.half as usize) * R::SIZE))]
+    }
+
+    #[inline(always)]
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams) {
+        let i = lane * R::E;
+        let (lo, hi) = (i * R::SIZE, (i + p.half as usize) * R::SIZE);
+        let t = Entries::load(p, pos, i, R::E);
+        let mut cur = first;
+        for h in 0..rows.count {
+            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
+            rotate_lane::<R>(&t, p, R::E, &mut cur, |j| ((0, j), (1, j)), || Self::load::<R>(&rows, h, lane, p));
+            R::store(rows.dst(h, lo), &cur[0]);
+            R::store(rows.dst(h, hi), &cur[1]);
+            cur = next;
+        }
+    }
+}
+
+impl Style for GptJ {
+    #[inline(always)]
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: &RopeParams) -> [Lane; 2] {
+        [R::load(rows.src(h, lane * R::E * R::SIZE)), [0.0; 8]]
+    }
+
+    #[inline(always)]
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams) {
+        let i = lane * R::E;
+        let t = Entries::load(p, pos, i / 2, R::E / 2);
+        let mut cur = first;
+        for h in 0..rows.count {
+            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
+            let reload = || Self::load::<R>(&rows, h, lane, p);
+            rotate_lane::<R>(&t, p, R::E / 2, &mut cur, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
+            R::store(rows.dst(h, i * R::SIZE), &cur[0]);
+            cur = next;
+        }
+    }
+}
+
+/// The position of token `token` (batch `b`, index `s`), before the range check.
+#[inline(always)]
+unsafe fn position(p: &RopeParams, token: u32, b: u32, s: u32) -> i64 {
+    match p.position_mode {
+        position_mode::IDS_I32 => load_i32((p.positions as *const i32).add(token as usize)) as i64,
+        position_mode::IDS_I64 => load_i64((p.positions as *const i64).add(token as usize)),
+        position_mode::OFFSETS_I32 => load_i32((p.positions as *const i32).add(b as usize)) as i64 + s as i64,
+        position_mode::OFFSETS_I64 => load_i64((p.positions as *const i64).add(b as usize)).wrapping_add(s as i64),
+        _ => s as i64,
+    }
+}
+
+/// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
+/// `C` the copying ones.
 ///
 /// # Safety
-/// The host checked that every row of both views lies inside its buffer, that the table
-/// holds `seq` positions of `half` pairs, and that addresses are aligned for `V`.
+/// The host checked that every row of both views lies inside its buffer, that outputs do
+/// not overlap anything else the launch touches, that the table holds `max_position` rows of
+/// `half` pairs, that addresses are aligned for `R` and `C`, and that the geometry was made
+/// with this kernel's `G`.
 #[inline(always)]
-unsafe fn rope_neox<V: Vector>(p: &RopeParams) {
+unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     let (tx, ty) = thread_idx();
     let (bx, by) = block_idx();
     let (dx, dy) = block_dim();
     let token = bx * dy + ty;
     let work = by * dx + tx;
-    let heads = p.q.heads + p.k.heads;
-    if token >= p.tokens || work >= heads * p.lanes {
+    let lanes = p.rot_lanes + p.copy_lanes;
+    let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
+    if token >= p.tokens || work >= (gq + gk) * lanes {
         return;
     }
     // SAFETY: the host never launches with `lanes == 0` or `seq == 0`.
-    core::hint::assert_unchecked(p.lanes != 0 && p.seq != 0);
-    let head = work / p.lanes;
-    let lane = work % p.lanes;
-    let (view, h): (&HeadsView, u32) = if head < p.q.heads { (&p.q, head) } else { (&p.k, head - p.q.heads) };
-    let (b, s) = ((token / p.seq) as u64, (token % p.seq) as u64);
-    let half = p.half as usize;
-    let i = lane as usize * V::N;
-    let src = (view.input as *const f32).add(view.in_offset(b, s, h as u64) as usize + i);
-    let dst = (view.output as *mut f32).add(view.out_offset(b, s, h as u64) as usize + i);
-    let t = s as usize * half + i;
-    let c = V::load((p.cos as *const f32).add(t));
-    let sn = V::load((p.sin as *const f32).add(t));
-    let mut x0 = V::load(src);
-    let mut x1 = V::load(src.add(half));
-    for j in 0..V::N {
-        let (y0, y1) = rotate_pair(x0.get(j), x1.get(j), c.get(j), sn.get(j));
-        x0.set(j, y0);
-        x1.set(j, y1);
+    core::hint::assert_unchecked(lanes != 0 && p.seq != 0);
+    let (b, s) = (token / p.seq, token % p.seq);
+    let (group, lane) = (work / lanes, work % lanes);
+    let (view, h0, heads) =
+        if group < gq { (&p.q, group * G as u32, p.q.heads) } else { (&p.k, (group - gq) * G as u32, p.k.heads) };
+    let (b, s, h0) = (b as u64, s as u64, h0 as u64);
+    let rows = Rows {
+        src: (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE),
+        dst: (view.output as *mut u8).wrapping_add(view.out_offset(b, s, h0) as usize * R::SIZE),
+        src_step: view.in_strides[2] as usize * R::SIZE,
+        dst_step: view.out_strides[2] as usize * R::SIZE,
+        count: (heads - h0 as u32).min(G as u32) as usize,
+    };
+    // SAFETY: just computed; lets the compiler drop the head loop where G is 1.
+    core::hint::assert_unchecked(rows.count >= 1 && rows.count <= G);
+    // The first head's data does not depend on the position: load it before the position
+    // (and the table entries that depend on it) arrive.
+    let rotating = lane < p.rot_lanes;
+    let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p) } else { [[0.0; 8]; 2] };
+    let pos = position(p, token, b as u32, s as u32);
+    if pos < 0 || pos >= p.max_position as i64 {
+        // Skip the token; one thread per token reports it.
+        if work == 0 {
+            let record = p.error as *mut ErrorRecord;
+            atomic_min_u64(&raw mut (*record).key, ErrorRecord::key(token, pos));
+            atomic_add_u64(&raw mut (*record).count, 1);
+        }
+        return;
     }
-    x0.store(dst);
-    x1.store(dst.add(half));
+    if rotating {
+        S::rotate::<R>(rows, first, lane as usize, pos as usize, p);
+    } else {
+        // Dims past rotary_dim, out of place: copy the bits.
+        let i = (2 * p.half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE;
+        for h in 0..rows.count {
+            C::copy(rows.src(h, i), rows.dst(h, i));
+        }
+    }
 }
 
-/// RoPE, rotate-half style, f32, 4 pairs per lane with 16-byte accesses.
-///
-/// # Safety
-/// See [`RopeParams`]; additionally every row start and `half` are multiples of 4 elements
-/// and the buffers are 16-byte aligned.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn rope_neox_f32_v4(p: RopeParams) {
-    rope_neox::<F32x4>(&p)
+/// Defines one entry point per (style, dtype, width). `_v`: 16-byte accesses; `_s`: scalar.
+macro_rules! rope_kernels {
+    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $vector:expr, $neox:expr;)*) => {$(
+        /// RoPE entry point; see [`RopeParams`] for the mapping and [`rope`] for the contract.
+        ///
+        /// # Safety
+        /// Launched only by the host library, after its checks.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: RopeParams) {
+            const G: usize = heads_per_thread($vector, $neox, <$rot as Io>::SIZE) as usize;
+            rope::<$style, $rot, $copy, G>(&p)
+        }
+    )*};
 }
 
-/// RoPE, rotate-half style, f32, one pair per lane (any alignment).
-///
-/// # Safety
-/// See [`RopeParams`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn rope_neox_f32_v1(p: RopeParams) {
-    rope_neox::<f32>(&p)
+rope_kernels! {
+    rope_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, true, true;
+    rope_neox_f32_s: NeoX, One<F32>, One<F32>, false, true;
+    rope_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, true, true;
+    rope_neox_f16_s: NeoX, One<F16>, One<F16>, false, true;
+    rope_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, true, true;
+    rope_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, false, true;
+    rope_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, true, false;
+    rope_gptj_f32_s: GptJ, Two<F32>, One<F32>, false, false;
+    rope_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, true, false;
+    rope_gptj_f16_s: GptJ, Two<F16>, One<F16>, false, false;
+    rope_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, true, false;
+    rope_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, false, false;
 }

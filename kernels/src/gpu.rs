@@ -1,9 +1,14 @@
 //! The slice of `cuda_std` these kernels need, on rustc's own NVPTX backend.
 //!
 //! `cuda_std` targets `rustc_codegen_nvvm`, which is not usable with a current toolchain
-//! (see the README); `core::arch::nvptx` offers the same special registers directly.
+//! (see the README); `core::arch::nvptx` offers the special registers directly, and the
+//! memory accesses below name the global state space explicitly: kernel arguments arrive
+//! inside a params struct, so LLVM cannot prove pointers global and would emit generic
+//! `ld`/`st`.
 
 use core::arch::{asm, nvptx};
+
+use crate::math::Narrow;
 
 /// `threadIdx.x`, `threadIdx.y`.
 #[inline(always)]
@@ -26,83 +31,332 @@ pub fn block_dim() -> (u32, u32) {
     unsafe { (nvptx::_block_dim_x() as u32, nvptx::_block_dim_y() as u32) }
 }
 
-/// Four f32 with 16-byte alignment, moved with one `ld.global.v4` / `st.global.v4`.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-pub struct F32x4(pub [f32; 4]);
+/// Up to 8 values in f32, the widest a lane handles; only the first `E` are meaningful.
+pub type Lane = [f32; 8];
 
-/// A vector of `N` f32 moved with one memory access where the width allows.
-pub trait Vector: Copy {
-    /// Elements per vector.
-    const N: usize;
-    /// Reads `N` elements at `p`.
+/// Up to 16 bytes of raw element bits.
+pub type Bits = [u32; 4];
+
+/// How a kernel moves `E` elements of one dtype between global memory and f32 registers.
+pub trait Io {
+    /// Elements per access.
+    const E: usize;
+    /// Bytes per element.
+    const SIZE: usize;
+    /// The element type's [`Elem::NARROW`].
+    const NARROW: Option<Narrow>;
+    /// Loads `E` elements at `p` and widens them to f32.
     ///
     /// # Safety
-    /// `p` is valid for `N` reads and aligned to the vector's size.
-    unsafe fn load(p: *const f32) -> Self;
-    /// Writes `N` elements at `p`; same contract as [`Vector::load`].
-    unsafe fn store(self, p: *mut f32);
-    /// Element `i`.
-    fn get(&self, i: usize) -> f32;
-    /// Sets element `i`.
-    fn set(&mut self, i: usize, v: f32);
+    /// `p` is a global address valid for `E` elements and aligned for the access.
+    unsafe fn load(p: *const u8) -> Lane;
+    /// Rounds `v[..E]` to the element type (to nearest, ties to even) and stores them at `p`.
+    ///
+    /// # Safety
+    /// As [`Io::load`], for writes.
+    unsafe fn store(p: *mut u8, v: &Lane);
+    /// Copies the bits of `E` elements from `src` to `dst`.
+    ///
+    /// # Safety
+    /// As [`Io::load`] for `src` and [`Io::store`] for `dst`.
+    unsafe fn copy(src: *const u8, dst: *mut u8);
 }
 
-impl Vector for F32x4 {
-    const N: usize = 4;
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        let (a, b, c, d): (f32, f32, f32, f32);
-        // Kernel arguments arrive inside a params struct, so LLVM cannot prove the pointer
-        // global and would emit a generic `ld`; name the state space explicitly.
-        asm!(
-            "ld.global.v4.f32 {{{}, {}, {}, {}}}, [{}];",
-            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-            in(reg64) p,
-            options(readonly, nostack, preserves_flags),
-        );
-        F32x4([a, b, c, d])
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        let v = self.0;
-        asm!(
-            "st.global.v4.f32 [{}], {{{}, {}, {}, {}}};",
-            in(reg64) p,
-            in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
-            options(nostack, preserves_flags),
-        );
-    }
-    #[inline(always)]
-    fn get(&self, i: usize) -> f32 {
-        self.0[i]
-    }
-    #[inline(always)]
-    fn set(&mut self, i: usize, v: f32) {
-        self.0[i] = v;
+#[inline(always)]
+unsafe fn ld_v4(p: *const u8) -> Bits {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.v4.b32 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+#[inline(always)]
+unsafe fn st_v4(p: *mut u8, v: Bits) {
+    asm!(
+        "st.global.v4.b32 [{}], {{{}, {}, {}, {}}};",
+        in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+        options(nostack, preserves_flags),
+    );
+}
+
+#[inline(always)]
+unsafe fn ld_b32(p: *const u8) -> u32 {
+    let v: u32;
+    asm!("ld.global.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+    v
+}
+
+#[inline(always)]
+unsafe fn st_b32(p: *mut u8, v: u32) {
+    asm!("st.global.b32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack, preserves_flags));
+}
+
+#[inline(always)]
+unsafe fn ld_b16(p: *const u8) -> u16 {
+    let v: u16;
+    asm!("ld.global.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+    v
+}
+
+#[inline(always)]
+unsafe fn st_b16(p: *mut u8, v: u16) {
+    asm!("st.global.b16 [{}], {};", in(reg64) p, in(reg16) v, options(nostack, preserves_flags));
+}
+
+/// Element types: conversion between storage bits and f32.
+pub trait Elem {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// For narrow formats, when the fast rotation must be redone exactly.
+    const NARROW: Option<Narrow>;
+    /// Widens the element whose bits are `b` (in the low `8 * SIZE` bits).
+    fn widen(b: u32) -> f32;
+    /// Rounds `v` to the nearest element (ties to even) and returns its bits.
+    fn narrow(v: f32) -> u32;
+    /// For 2-byte elements: rounds `lo` and `hi` and packs them, `lo` in the low half.
+    fn narrow2(lo: f32, hi: f32) -> u32 {
+        Self::narrow(lo) | (Self::narrow(hi) << 16)
     }
 }
 
-impl Vector for f32 {
-    const N: usize = 1;
+/// f32.
+pub struct F32;
+/// IEEE binary16.
+pub struct F16;
+/// bfloat16.
+pub struct Bf16;
+
+impl Elem for F32 {
+    const SIZE: usize = 4;
+    const NARROW: Option<Narrow> = None;
     #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        let v: f32;
-        asm!("ld.global.f32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+    fn widen(b: u32) -> f32 {
+        f32::from_bits(b)
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> u32 {
+        v.to_bits()
+    }
+}
+
+impl Elem for F16 {
+    const SIZE: usize = 2;
+    const NARROW: Option<Narrow> = Some(Narrow::F16);
+    #[inline(always)]
+    fn widen(b: u32) -> f32 {
+        f16::from_bits(b as u16) as f32 // cvt.f32.f16
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> u32 {
+        (v as f16).to_bits() as u32 // cvt.rn.f16.f32
+    }
+    #[inline(always)]
+    fn narrow2(lo: f32, hi: f32) -> u32 {
+        let d: u32;
+        // SAFETY: a register-only conversion; the first source goes to the upper half.
+        unsafe {
+            asm!("cvt.rn.f16x2.f32 {}, {}, {};", out(reg32) d, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack))
+        };
+        d
+    }
+}
+
+impl Elem for Bf16 {
+    const SIZE: usize = 2;
+    const NARROW: Option<Narrow> = Some(Narrow::BF16);
+    #[inline(always)]
+    fn widen(b: u32) -> f32 {
+        f32::from_bits(b << 16)
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> u32 {
+        let b: u16;
+        // SAFETY: a register-only conversion (sm_80 and later).
+        unsafe { asm!("cvt.rn.bf16.f32 {}, {};", out(reg16) b, in(reg32) v, options(pure, nomem, nostack)) };
+        b as u32
+    }
+    #[inline(always)]
+    fn narrow2(lo: f32, hi: f32) -> u32 {
+        let d: u32;
+        // SAFETY: a register-only conversion (sm_80 and later); the first source goes to the
+        // upper half.
+        unsafe {
+            asm!("cvt.rn.bf16x2.f32 {}, {}, {};", out(reg32) d, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack))
+        };
+        d
+    }
+}
+
+/// 16 bytes per access: 4 f32 or 8 16-bit elements.
+pub struct Vec16<T>(core::marker::PhantomData<T>);
+/// One element per access.
+pub struct One<T>(core::marker::PhantomData<T>);
+/// Two elements (one interleaved pair) per access, element by element.
+pub struct Two<T>(core::marker::PhantomData<T>);
+
+impl<T: Elem> Io for Vec16<T> {
+    const NARROW: Option<Narrow> = T::NARROW;
+    const E: usize = 16 / T::SIZE;
+    const SIZE: usize = T::SIZE;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Lane {
+        let w = ld_v4(p);
+        let mut v = [0.0; 8];
+        for i in 0..Self::E {
+            v[i] = if T::SIZE == 4 { T::widen(w[i]) } else { T::widen((w[i / 2] >> (16 * (i % 2))) & 0xFFFF) };
+        }
         v
     }
     #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        asm!("st.global.f32 [{}], {};", in(reg64) p, in(reg32) self, options(nostack, preserves_flags));
+    unsafe fn store(p: *mut u8, v: &Lane) {
+        let mut w = [0u32; 4];
+        for i in 0..4 {
+            w[i] = if T::SIZE == 4 { T::narrow(v[i]) } else { T::narrow2(v[2 * i], v[2 * i + 1]) };
+        }
+        st_v4(p, w);
     }
     #[inline(always)]
-    fn get(&self, _: usize) -> f32 {
-        *self
+    unsafe fn copy(src: *const u8, dst: *mut u8) {
+        st_v4(dst, ld_v4(src));
+    }
+}
+
+/// Loads element `i` of type `T` at `p`, as bits.
+#[inline(always)]
+unsafe fn ld_elem<T: Elem>(p: *const u8) -> u32 {
+    if T::SIZE == 4 {
+        ld_b32(p)
+    } else {
+        ld_b16(p) as u32
+    }
+}
+
+#[inline(always)]
+unsafe fn st_elem<T: Elem>(p: *mut u8, b: u32) {
+    if T::SIZE == 4 {
+        st_b32(p, b)
+    } else {
+        st_b16(p, b as u16)
+    }
+}
+
+impl<T: Elem> Io for One<T> {
+    const NARROW: Option<Narrow> = T::NARROW;
+    const E: usize = 1;
+    const SIZE: usize = T::SIZE;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Lane {
+        let mut v = [0.0; 8];
+        v[0] = T::widen(ld_elem::<T>(p));
+        v
     }
     #[inline(always)]
-    fn set(&mut self, _: usize, v: f32) {
-        *self = v;
+    unsafe fn store(p: *mut u8, v: &Lane) {
+        st_elem::<T>(p, T::narrow(v[0]));
     }
+    #[inline(always)]
+    unsafe fn copy(src: *const u8, dst: *mut u8) {
+        st_elem::<T>(dst, ld_elem::<T>(src));
+    }
+}
+
+impl<T: Elem> Io for Two<T> {
+    const NARROW: Option<Narrow> = T::NARROW;
+    const E: usize = 2;
+    const SIZE: usize = T::SIZE;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Lane {
+        let mut v = [0.0; 8];
+        v[0] = T::widen(ld_elem::<T>(p));
+        v[1] = T::widen(ld_elem::<T>(p.add(T::SIZE)));
+        v
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: &Lane) {
+        st_elem::<T>(p, T::narrow(v[0]));
+        st_elem::<T>(p.add(T::SIZE), T::narrow(v[1]));
+    }
+    #[inline(always)]
+    unsafe fn copy(src: *const u8, dst: *mut u8) {
+        st_elem::<T>(dst, ld_elem::<T>(src));
+        st_elem::<T>(dst.add(T::SIZE), ld_elem::<T>(src.add(T::SIZE)));
+    }
+}
+
+/// Loads `n` (1, 2, 4 or 8) consecutive f32 of a read-only table at `p`, through the
+/// non-coherent (read-only) cache, with accesses as wide as `n` allows.
+///
+/// # Safety
+/// `p` is a global address valid for `n` f32, aligned to `4 * min(n, 4)` bytes, and not
+/// written during the kernel.
+#[inline(always)]
+pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
+    let mut v = [0.0f32; 8];
+    match n {
+        1 => {
+            asm!("ld.global.nc.f32 {}, [{}];", out(reg32) v[0], in(reg64) p, options(readonly, nostack, preserves_flags))
+        }
+        2 => asm!(
+            "ld.global.nc.v2.f32 {{{}, {}}}, [{}];",
+            out(reg32) v[0], out(reg32) v[1], in(reg64) p,
+            options(readonly, nostack, preserves_flags),
+        ),
+        _ => {
+            for h in 0..n / 4 {
+                let (a, b, c, d): (f32, f32, f32, f32);
+                asm!(
+                    "ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{}];",
+                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p.add(4 * h),
+                    options(readonly, nostack, preserves_flags),
+                );
+                v[4 * h..4 * h + 4].copy_from_slice(&[a, b, c, d]);
+            }
+        }
+    }
+    v
+}
+
+/// Loads a read-only global i32.
+///
+/// # Safety
+/// `p` is a valid, aligned global address not written during the kernel.
+#[inline(always)]
+pub unsafe fn load_i32(p: *const i32) -> i32 {
+    let v: i32;
+    asm!("ld.global.nc.s32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+    v
+}
+
+/// Loads a read-only global i64.
+///
+/// # Safety
+/// As [`load_i32`].
+#[inline(always)]
+pub unsafe fn load_i64(p: *const i64) -> i64 {
+    let v: i64;
+    asm!("ld.global.nc.s64 {}, [{}];", out(reg64) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+    v
+}
+
+/// `atomicMin` on a global u64.
+///
+/// # Safety
+/// `p` is a valid, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
+    asm!("red.global.min.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
+}
+
+/// `atomicAdd` on a global u64.
+///
+/// # Safety
+/// As [`atomic_min_u64`].
+#[inline(always)]
+pub unsafe fn atomic_add_u64(p: *mut u64, v: u64) {
+    asm!("red.global.add.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
 }
 
 #[panic_handler]

@@ -12,7 +12,7 @@
 //! - `entry` (device only): the `extern "ptx-kernel"` entry points, which only map threads
 //!   to work and call into [`math`].
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch))]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, f16))]
 
 pub mod math;
 pub mod params;

@@ -39,31 +39,138 @@ impl HeadsView {
     }
 }
 
-/// Parameters of the RoPE kernels (`rope_neox_f32_v{1,4}`).
+/// How a token's position is found (`RopeParams::position_mode`).
+pub mod position_mode {
+    /// The token's index within its sequence, `s`.
+    pub const SEQUENTIAL: u32 = 0;
+    /// `ids[b * seq + s]`, i32.
+    pub const IDS_I32: u32 = 1;
+    /// `ids[b * seq + s]`, i64.
+    pub const IDS_I64: u32 = 2;
+    /// `offsets[b] + s`, i32 offsets.
+    pub const OFFSETS_I32: u32 = 3;
+    /// `offsets[b] + s`, i64 offsets.
+    pub const OFFSETS_I64: u32 = 4;
+}
+
+/// The device-side record of out-of-range positions, one per `Rope`.
+///
+/// `key` is the minimum over offending tokens of `token << 32 | position as i32 as u32`
+/// (positions outside the i32 range saturate), `u64::MAX` when none; `count` counts offending
+/// tokens. Reset by the host after it reads the record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// Packed first offending token and its position.
+    pub key: u64,
+    /// Number of offending tokens.
+    pub count: u64,
+}
+
+impl ErrorRecord {
+    /// The record with no error in it.
+    pub const CLEAR: ErrorRecord = ErrorRecord { key: u64::MAX, count: 0 };
+
+    /// Packs an offending token and its position into a `key`.
+    #[inline(always)]
+    pub fn key(token: u32, position: i64) -> u64 {
+        let p = if position > i32::MAX as i64 {
+            i32::MAX
+        } else if position < i32::MIN as i64 {
+            i32::MIN
+        } else {
+            position as i32
+        };
+        ((token as u64) << 32) | (p as u32 as u64)
+    }
+
+    /// The first offending token and its (saturated) position, if any.
+    pub fn first(&self) -> Option<(u32, i64)> {
+        (self.count > 0).then_some(((self.key >> 32) as u32, self.key as u32 as i32 as i64))
+    }
+}
+
+/// Heads one thread handles (sharing its table entries among them), per kernel: `vector`
+/// for the `_v` kernels, `elem_size` in bytes, `neox` for the style. Host and device both
+/// read it, so the launch geometry matches the kernel.
+///
+/// `ROPE_CUDA_HEADS_PER_THREAD` (1 to 8) at build time overrides it for every `_v` kernel:
+/// a tuning knob for benchmarks, not a setting for users.
+pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize) -> u32 {
+    match (vector, neox, elem_size) {
+        (false, _, _) => 1,
+        _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
+        (true, true, 2) => 2,
+        (true, _, _) => 4,
+    }
+}
+
+const HEADS_PER_THREAD_OVERRIDE: u32 = match option_env!("ROPE_CUDA_HEADS_PER_THREAD") {
+    Some(v) => parse_digit(v),
+    None => 0,
+};
+
+const fn parse_digit(v: &str) -> u32 {
+    match v.as_bytes() {
+        [] => 0,
+        [d @ b'1'..=b'8'] => (*d - b'0') as u32,
+        _ => panic!("ROPE_CUDA_HEADS_PER_THREAD must be empty or a digit from 1 to 8"),
+    }
+}
+
+/// Number of head groups of `heads` heads taken `g` at a time.
+#[inline(always)]
+pub fn groups(heads: u32, g: u32) -> u32 {
+    heads.div_ceil(g)
+}
+
+/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{v,s}`.
 ///
 /// Thread mapping: a block is `(bx, by)` threads; `threadIdx.y` and `blockIdx.x` pick a token
-/// `t = blockIdx.x * by + threadIdx.y` (token `t` is batch `t / seq`, sequence index
-/// `t % seq`); `blockIdx.y * bx + threadIdx.x` picks a work item `w` in
-/// `0 .. (q.heads + k.heads) * lanes`: head `w / lanes` (q's heads first, then k's) and
-/// lane `w % lanes`. A lane rotates `V` consecutive pairs, `V` being the kernel's vector
-/// width, so `lanes = rotary_dim / 2 / V`.
+/// `t = blockIdx.x * by + threadIdx.y` (batch `t / seq`, sequence index `t % seq`), and
+/// `blockIdx.y * bx + threadIdx.x` a work item `w < (q_groups + k_groups) * lanes`, with
+/// `lanes = rot_lanes + copy_lanes` and the heads of q, then of k, taken in groups of `G`
+/// ([`heads_per_thread`]): group `w / lanes`, lane `w % lanes`. A thread loads its lane's
+/// table entries once and applies them to each head of its group. A rotating
+/// lane turns `E` elements (`E / 2` pairs in GPT-J style, `E` pairs in NeoX style, whose lane
+/// reads `E` elements from each half), `E` being the kernel's access width (16 bytes in the
+/// `_v` kernels, 1 element (NeoX) or one pair (GPT-J) in the `_s` kernels). A copying lane
+/// (out of place with `rotary_dim < head_dim`) copies the bits of the dims past `rotary_dim`.
+/// A token whose position is outside `0..max_position` is skipped and recorded in `error`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RopeParams {
     /// The queries.
     pub q: HeadsView,
     /// The keys (`heads == 0`: none).
     pub k: HeadsView,
-    /// Device address of the cosine table, f32 `[max_position, rotary_dim / 2]`.
+    /// Device address of the cosine table, f32 `[max_position, rotary_dim / 2]`: the f32
+    /// nearest each f64 cosine.
     pub cos: u64,
-    /// Device address of the sine table, f32 `[max_position, rotary_dim / 2]`.
+    /// Device address of the sine table, likewise.
     pub sin: u64,
+    /// Device address of the cosines' residuals (`cos_f64 - cos`, rounded to f32).
+    pub cos_lo: u64,
+    /// Device address of the sines' residuals.
+    pub sin_lo: u64,
+    /// Device address of the positions (see `position_mode`); unused when sequential.
+    pub positions: u64,
+    /// Device address of the [`ErrorRecord`].
+    pub error: u64,
     /// Number of tokens, `batch * seq`.
     pub tokens: u32,
-    /// Sequence length: the token's position is its index within its sequence.
+    /// Sequence length.
     pub seq: u32,
-    /// Half the rotary dimension: the number of rotated pairs per row.
+    /// Half the rotary dimension: pairs per row, and the table's row length.
     pub half: u32,
-    /// Work items per head: `half / V`.
-    pub lanes: u32,
+    /// Rotating lanes per head.
+    pub rot_lanes: u32,
+    /// Copying lanes per head (0 in place).
+    pub copy_lanes: u32,
+    /// Positions are valid in `0..max_position`.
+    pub max_position: u32,
+    /// One of [`position_mode`]'s constants.
+    pub position_mode: u32,
+    /// `1.0` to rotate by +theta, `-1.0` for the inverse rotation.
+    pub sin_sign: f32,
 }

@@ -57,7 +57,7 @@ pub fn poisoned(n: usize) -> DeviceBuffer<f32> {
 }
 
 /// The poison bit pattern (a NaN no arithmetic produces).
-pub const POISON: u32 = 0x7FA5_A5A5;
+pub const POISON: u32 = <f32 as TestElem>::POISON_BITS;
 
 /// A golden file produced by `tests/data/make_golden.py`.
 pub struct Golden {
@@ -73,30 +73,40 @@ pub struct Golden {
     pub moments: Option<[[f64; 3]; 2]>,
 }
 
-struct Reader<'a>(&'a [u8]);
+/// A little-endian reader over a golden file.
+pub struct Reader<'a>(pub &'a [u8]);
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
+    pub fn take<const N: usize>(&mut self) -> [u8; N] {
         let (head, rest) = self.0.split_at(N);
         self.0 = rest;
         head.try_into().unwrap()
     }
-    fn u32(&mut self) -> usize {
+    pub fn u32(&mut self) -> usize {
         u32::from_le_bytes(self.take()) as usize
     }
-    fn u64(&mut self) -> u64 {
+    pub fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.take())
     }
-    fn f64(&mut self) -> f64 {
+    pub fn i64(&mut self) -> i64 {
+        i64::from_le_bytes(self.take())
+    }
+    pub fn f64(&mut self) -> f64 {
         f64::from_le_bytes(self.take())
     }
 }
 
-/// Reads `tests/data/<name>` (relative to the repository root, where the bundle runs too).
-pub fn golden(name: &str) -> Golden {
+/// The bytes of `tests/data/<name>`: found from the manifest directory, or relative to the
+/// repository root (where the GPU bundle runs).
+pub fn data_file(name: &str) -> Vec<u8> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
     let path = if path.exists() { path } else { std::path::Path::new("tests/data").join(name) };
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Reads golden file `name` of `tests/data/make_golden.py`.
+pub fn golden(name: &str) -> Golden {
+    let bytes = data_file(name);
     let mut r = Reader(&bytes);
     assert_eq!(&r.take::<8>(), b"RPGOLD1\0", "{name}: bad magic");
     let (dim, max_seq_len, base, seed) = (r.u32(), r.u32(), r.f64(), r.u64());
@@ -149,4 +159,18 @@ pub fn reference_rows(x: &[f32], shape: [usize; 4], base: f64, rows: impl IntoIt
 /// The elements of rows `rows` of a `[.., D]` tensor, concatenated.
 pub fn gather_rows(x: &[f32], d: usize, rows: impl IntoIterator<Item = usize>) -> Vec<f32> {
     rows.into_iter().flat_map(|r| x[r * d..(r + 1) * d].iter().copied()).collect()
+}
+
+pub use rope_cuda::reference::RefElem as TestElem;
+
+/// Device copy of `host`, any element type.
+pub fn upload_t<T: cust::memory::DeviceCopy>(host: &[T]) -> DeviceBuffer<T> {
+    DeviceBuffer::from_slice(host).expect("upload")
+}
+
+/// Host copy of `dev`, any element type (the stream must be synchronised).
+pub fn download_t<T: cust::memory::DeviceCopy + Default + Clone>(dev: &DeviceSlice<T>) -> Vec<T> {
+    let mut host = vec![T::default(); dev.len()];
+    dev.copy_to(&mut host).expect("download");
+    host
 }

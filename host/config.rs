@@ -1,0 +1,146 @@
+//! The RoPE configuration: what the table is built from and which kernels run.
+
+use crate::error::{Error, Result};
+use crate::table::MAX_POSITION_LIMIT;
+
+/// Which elements of a head are paired and rotated together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Rotate-half (GPT-NeoX, Llama, Qwen, …): pair `i` is `(x[i], x[i + rotary_dim / 2])`.
+    NeoX,
+    /// Interleaved (GPT-J, …): pair `i` is `(x[2i], x[2i + 1])`.
+    GptJ,
+}
+
+/// Element type of q and k. The arithmetic is f32 in every case; the table is always f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// `f32`.
+    F32,
+    /// IEEE binary16 (`half::f16`).
+    F16,
+    /// bfloat16 (`half::bf16`).
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+}
+
+/// Rotate by `+theta` (the forward embedding) or by `-theta` (its inverse: the backward pass,
+/// or moving cached keys to earlier positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Direction {
+    /// `x * cos + rotate(x) * sin`.
+    #[default]
+    Forward,
+    /// `x * cos - rotate(x) * sin`: undoes [`Direction::Forward`] at the same position.
+    Inverse,
+}
+
+/// Everything a [`Rope`](crate::Rope) is built from.
+///
+/// ```
+/// use rope_cuda::{DType, RopeConfig, RopeStyle};
+/// let config = RopeConfig::new(128, 8192).base(500_000.0).dtype(DType::BF16);
+/// assert_eq!(config.rotary_dim, 128);
+/// let neox_partial = RopeConfig::new(256, 2048).rotary_dim(64).style(RopeStyle::GptJ);
+/// assert!(neox_partial.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    /// Elements per head (even, at most [`RopeConfig::MAX_HEAD_DIM`]).
+    pub head_dim: usize,
+    /// Leading elements of each head that are rotated (even, at most `head_dim`); the rest
+    /// are left as they are.
+    pub rotary_dim: usize,
+    /// Base of the frequencies: `inv_freq[i] = 1 / base^(2i / rotary_dim)`.
+    pub base: f64,
+    /// Pairing of elements.
+    pub style: RopeStyle,
+    /// Positions `0..max_position` are valid; the table holds that many rows.
+    pub max_position: usize,
+    /// Element type of q and k.
+    pub dtype: DType,
+    /// Whether every call synchronises its stream and returns position errors at once
+    /// (see [`Rope::check_errors`](crate::Rope::check_errors)).
+    pub checked: bool,
+}
+
+impl RopeConfig {
+    /// The largest head dimension accepted.
+    pub const MAX_HEAD_DIM: usize = 512;
+
+    /// NeoX style, f32, base 10000, full rotation, unchecked.
+    pub fn new(head_dim: usize, max_position: usize) -> Self {
+        RopeConfig {
+            head_dim,
+            rotary_dim: head_dim,
+            base: 10_000.0,
+            style: RopeStyle::NeoX,
+            max_position,
+            dtype: DType::F32,
+            checked: false,
+        }
+    }
+
+    /// Sets the rotary dimension.
+    pub fn rotary_dim(mut self, rotary_dim: usize) -> Self {
+        self.rotary_dim = rotary_dim;
+        self
+    }
+
+    /// Sets the base.
+    pub fn base(mut self, base: f64) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// Sets the style.
+    pub fn style(mut self, style: RopeStyle) -> Self {
+        self.style = style;
+        self
+    }
+
+    /// Sets the element type.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// Sets checked mode.
+    pub fn checked(mut self, checked: bool) -> Self {
+        self.checked = checked;
+        self
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        if self.head_dim < 2 || self.head_dim % 2 != 0 || self.head_dim > Self::MAX_HEAD_DIM {
+            return Err(Error::HeadDim { head_dim: self.head_dim });
+        }
+        if self.rotary_dim < 2 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+            return Err(Error::RotaryDim { rotary_dim: self.rotary_dim, head_dim: self.head_dim });
+        }
+        if !(self.base.is_finite() && self.base > 0.0) {
+            return Err(Error::Base { base: self.base });
+        }
+        if self.max_position == 0 {
+            return Err(Error::MaxPosition { needed: 1, max_position: 0 });
+        }
+        if self.max_position > MAX_POSITION_LIMIT {
+            return Err(Error::TooLarge {
+                what: "max_position",
+                value: self.max_position as u64,
+                limit: MAX_POSITION_LIMIT as u64,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! Views of device buffers handed to the kernels: typed (borrowing cust buffers) and raw
+//! (device addresses from any CUDA library).
+
+use std::marker::PhantomData;
+
+use cust::memory::{DeviceCopy, DeviceSlice};
+
+use crate::config::DType;
+use crate::layout::Layout;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// Element types the kernels take: `f32`, `half::f16`, `half::bf16`.
+pub trait Element: DeviceCopy + sealed::Sealed {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+
+/// A device buffer of `len` elements at address `ptr`, viewed through `layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawTensor {
+    /// Device address (`CUdeviceptr`) of element 0 of the buffer.
+    pub ptr: u64,
+    /// Elements in the buffer: the view must stay inside it.
+    pub len: usize,
+    /// The view.
+    pub layout: Layout,
+}
+
+/// A read-only view of q or k in a cust buffer.
+#[derive(Debug)]
+pub struct Tensor<'a, T> {
+    pub(crate) raw: RawTensor,
+    /// Borrows the buffer (a `DeviceSlice<T>`) for `'a`.
+    _borrow: PhantomData<&'a [T]>,
+}
+
+impl<T> Clone for Tensor<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Tensor<'_, T> {}
+
+impl<'a, T: Element> Tensor<'a, T> {
+    /// Views `buf` through `layout` (checked against the buffer when used).
+    pub fn new(buf: &'a DeviceSlice<T>, layout: Layout) -> Self {
+        Tensor { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
+    }
+}
+
+/// A writable view of q or k (or of an output) in a cust buffer.
+#[derive(Debug)]
+pub struct TensorMut<'a, T> {
+    pub(crate) raw: RawTensor,
+    /// Borrows the buffer mutably for `'a`.
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Element> TensorMut<'a, T> {
+    /// Views `buf` through `layout` (checked against the buffer when used).
+    pub fn new(buf: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
+        TensorMut { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
+    }
+
+    /// Two writable views of one buffer, such as q and k in a fused QKV buffer. Launches
+    /// check that they share no element (else [`Error::Aliasing`](crate::Error::Aliasing)).
+    pub fn pair(buf: &'a mut DeviceSlice<T>, a: Layout, b: Layout) -> (Self, Self) {
+        let (ptr, len) = (buf.as_device_ptr().as_raw(), buf.len());
+        let view = |layout| TensorMut { raw: RawTensor { ptr, len, layout }, _borrow: PhantomData };
+        (view(a), view(b))
+    }
+
+    /// The same view, read-only.
+    pub fn as_tensor(&self) -> Tensor<'_, T> {
+        Tensor { raw: self.raw, _borrow: PhantomData }
+    }
+}
+
+/// Where the kernels find each token's position.
+#[derive(Debug, Clone, Copy)]
+pub enum Positions<'a> {
+    /// Token `s` of each sequence is at position `s`.
+    Sequential,
+    /// One i32 id per token, `[batch, seq]` row-major.
+    Ids(&'a DeviceSlice<i32>),
+    /// One i64 id per token, `[batch, seq]` row-major.
+    Ids64(&'a DeviceSlice<i64>),
+    /// One i32 start per sequence: token `s` of sequence `b` is at `offsets[b] + s`.
+    Offsets(&'a DeviceSlice<i32>),
+    /// One i64 start per sequence.
+    Offsets64(&'a DeviceSlice<i64>),
+}
+
+/// How [`RawPositions`] are to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionKind {
+    /// See [`Positions::Sequential`]; `ptr` and `len` are ignored.
+    Sequential,
+    /// See [`Positions::Ids`].
+    IdsI32,
+    /// See [`Positions::Ids64`].
+    IdsI64,
+    /// See [`Positions::Offsets`].
+    OffsetsI32,
+    /// See [`Positions::Offsets64`].
+    OffsetsI64,
+}
+
+/// Positions as a device address, for [`Rope::apply_raw`](crate::Rope::apply_raw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawPositions {
+    /// Their kind.
+    pub kind: PositionKind,
+    /// Device address of the first id or offset.
+    pub ptr: u64,
+    /// Number of ids (`batch * seq`) or offsets (`batch`).
+    pub len: usize,
+}
+
+impl RawPositions {
+    /// Positions `0..seq` in every sequence.
+    pub const SEQUENTIAL: RawPositions = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
+}
+
+impl Positions<'_> {
+    pub(crate) fn raw(&self) -> RawPositions {
+        fn of<T: DeviceCopy>(kind: PositionKind, s: &DeviceSlice<T>) -> RawPositions {
+            RawPositions { kind, ptr: s.as_device_ptr().as_raw(), len: s.len() }
+        }
+        match self {
+            Positions::Sequential => RawPositions::SEQUENTIAL,
+            Positions::Ids(s) => of(PositionKind::IdsI32, s),
+            Positions::Ids64(s) => of(PositionKind::IdsI64, s),
+            Positions::Offsets(s) => of(PositionKind::OffsetsI32, s),
+            Positions::Offsets64(s) => of(PositionKind::OffsetsI64, s),
+        }
+    }
+}
+
+/// Everything one RoPE launch takes, as device addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawArgs {
+    /// Element type of every tensor; must be the configuration's.
+    pub dtype: DType,
+    /// The queries.
+    pub q: RawTensor,
+    /// Where rotated q goes; `None`: in place.
+    pub q_out: Option<RawTensor>,
+    /// The keys, if any.
+    pub k: Option<RawTensor>,
+    /// Where rotated k goes; `None`: in place. Present exactly when `q_out` is.
+    pub k_out: Option<RawTensor>,
+    /// The positions.
+    pub positions: RawPositions,
+    /// Forward or inverse rotation.
+    pub direction: crate::config::Direction,
+}
