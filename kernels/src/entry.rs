@@ -1,8 +1,8 @@
 //! `extern "ptx-kernel"` entry points: thread-to-work mapping only (see [`RopeParams`]).
 
 use crate::gpu::{
-    atomic_add_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, load_table, thread_idx, Bf16, Io, Lane,
-    One, Two, Vec16, F16, F32,
+    atomic_add_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, load_table, thread_idx, Bf16, Bits, Io,
+    Lane, One, Two, Vec16, F16, F32,
 };
 use crate::math::{rotate_pair, rotate_pair_fast};
 use crate::params::{groups, heads_per_thread, position_mode, ErrorRecord, RopeParams};
@@ -69,26 +69,29 @@ fn unrolled(n: usize, mut f: impl FnMut(usize)) {
     }
 }
 
-/// Rotates the `n` pairs of a lane in place; `pair(j)` says where pair `j`'s two elements
-/// are in `x` (as (vector, index)). Fast evaluation first; for narrow outputs, if any output
-/// of the lane is too small next to its inputs for the fast form to round correctly, the
-/// inputs are read again (`reload`: the source is not yet written) with the residuals, and
-/// every pair of the lane is recomputed with [`rotate_pair`]. That happens for about one
-/// output in 10^4 on random data.
+/// Rotates the `n` pairs of a lane from `raw` (as loaded) into `out` (as stored); `pair(j)`
+/// says where pair `j`'s two elements are (as (vector, index)), in increasing index order per
+/// vector. Fast evaluation first; for narrow outputs, if any output of the lane is too small
+/// next to its inputs for the fast form to round correctly, the inputs are read again
+/// (`reload`: the source is not yet written) with the residuals, and every pair of the lane
+/// is recomputed with [`rotate_pair`]. That happens for about one output in 10^4 on random
+/// data.
 #[inline(always)]
 unsafe fn rotate_lane<R: Io>(
     t: &Entries,
     p: &RopeParams,
     n: usize,
-    x: &mut [Lane; 2],
+    raw: &[Bits; 2],
+    out: &mut [Bits; 2],
     pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
-    reload: impl Fn() -> [Lane; 2],
+    reload: impl Fn() -> [Bits; 2],
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
+    let mut pending = [0.0f32; 2];
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
-        let (a, b) = (x[l0][i0], x[l1][i1]);
+        let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
         let (y0, y1) = rotate_pair_fast(a, b, t.c[j], t.s[j]);
         if let Some(narrow) = R::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
@@ -97,16 +100,18 @@ unsafe fn rotate_lane<R: Io>(
                 smallest = smallest.min(sm);
             }
         }
-        x[l0][i0] = y0;
-        x[l1][i1] = y1;
+        R::put(&mut out[l0], &mut pending[l0], i0, y0);
+        R::put(&mut out[l1], &mut pending[l1], i1, y1);
     });
     if R::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) {
         let orig = reload();
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
-            let (a, b) = (orig[l0][i0], orig[l1][i1]);
+            let (a, b) = (R::get(&orig[l0], i0), R::get(&orig[l1], i1));
             let (c_lo, s_lo) = t.residual(p, j);
-            (x[l0][i0], x[l1][i1]) = rotate_pair(a, b, (t.c[j], c_lo), (t.s[j], s_lo));
+            let (y0, y1) = rotate_pair(a, b, (t.c[j], c_lo), (t.s[j], s_lo));
+            R::put(&mut out[l0], &mut pending[l0], i0, y0);
+            R::put(&mut out[l1], &mut pending[l1], i1, y1);
         });
     }
 }
@@ -136,11 +141,11 @@ impl Rows {
 
 /// Which elements form the pairs.
 trait Style {
-    /// Loads lane `lane` of head `h` of `rows`.
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Lane; 2];
+    /// Loads the bits of lane `lane` of head `h` of `rows`.
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Bits; 2];
     /// Rotates lane `lane` of every head of `rows`, given head 0's data. The next head's loads
     /// are issued before the current head's stores, so two heads' loads are in flight.
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams);
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams);
 }
 
 /// Rotate-half: pair `i` is `(x[i], x[i + half])`; a lane takes `E` pairs.
@@ -150,22 +155,24 @@ struct GptJ;
 
 impl Style for NeoX {
     #[inline(always)]
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Lane; 2] {
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Bits; 2] {
         let i = lane * R::E;
-        [R::load(rows.src(h, i * R::SIZE)), R::load(rows.src(h, (i + p.half as usize) * R::SIZE))]
+        [R::load_raw(rows.src(h, i * R::SIZE)), R::load_raw(rows.src(h, (i + p.half as usize) * R::SIZE))]
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams) {
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams) {
         let i = lane * R::E;
         let (lo, hi) = (i * R::SIZE, (i + p.half as usize) * R::SIZE);
         let t = Entries::load(p, pos, i, R::E);
         let mut cur = first;
         for h in 0..rows.count {
             let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
-            rotate_lane::<R>(&t, p, R::E, &mut cur, |j| ((0, j), (1, j)), || Self::load::<R>(&rows, h, lane, p));
-            R::store(rows.dst(h, lo), &cur[0]);
-            R::store(rows.dst(h, hi), &cur[1]);
+            let mut y = [[0u32; 4]; 2];
+            let reload = || Self::load::<R>(&rows, h, lane, p);
+            rotate_lane::<R>(&t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload);
+            R::store_raw(rows.dst(h, lo), y[0]);
+            R::store_raw(rows.dst(h, hi), y[1]);
             cur = next;
         }
     }
@@ -173,20 +180,21 @@ impl Style for NeoX {
 
 impl Style for GptJ {
     #[inline(always)]
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: &RopeParams) -> [Lane; 2] {
-        [R::load(rows.src(h, lane * R::E * R::SIZE)), [0.0; 8]]
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: &RopeParams) -> [Bits; 2] {
+        [R::load_raw(rows.src(h, lane * R::E * R::SIZE)), [0; 4]]
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Lane; 2], lane: usize, pos: usize, p: &RopeParams) {
+    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams) {
         let i = lane * R::E;
         let t = Entries::load(p, pos, i / 2, R::E / 2);
         let mut cur = first;
         for h in 0..rows.count {
             let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
+            let mut y = [[0u32; 4]; 2];
             let reload = || Self::load::<R>(&rows, h, lane, p);
-            rotate_lane::<R>(&t, p, R::E / 2, &mut cur, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
-            R::store(rows.dst(h, i * R::SIZE), &cur[0]);
+            rotate_lane::<R>(&t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
+            R::store_raw(rows.dst(h, i * R::SIZE), y[0]);
             cur = next;
         }
     }
@@ -243,7 +251,7 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     // The first head's data does not depend on the position: load it before the position
     // (and the table entries that depend on it) arrive.
     let rotating = lane < p.rot_lanes;
-    let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p) } else { [[0.0; 8]; 2] };
+    let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p) } else { [[0; 4]; 2] };
     let pos = position(p, token, b as u32, s as u32);
     if pos < 0 || pos >= p.max_position as i64 {
         // Skip the token; one thread per token reports it.

@@ -45,16 +45,24 @@ pub trait Io {
     const SIZE: usize;
     /// The element type's [`Elem::NARROW`].
     const NARROW: Option<Narrow>;
-    /// Loads `E` elements at `p` and widens them to f32.
+    /// Loads the bits of `E` elements at `p` (widen them with [`Io::get`] where used, so a
+    /// prefetched row costs 4 registers, not `E` f32).
     ///
     /// # Safety
     /// `p` is a global address valid for `E` elements and aligned for the access.
-    unsafe fn load(p: *const u8) -> Lane;
-    /// Rounds `v[..E]` to the element type (to nearest, ties to even) and stores them at `p`.
+    unsafe fn load_raw(p: *const u8) -> Bits;
+    /// Element `i` of bits loaded by [`Io::load_raw`], widened to f32.
+    fn get(raw: &Bits, i: usize) -> f32;
+    /// Writes output element `i` (taken in order `0, 1, ..`) into `out`, rounded to the
+    /// element type (to nearest, ties to even). 2-byte elements are narrowed in pairs: an
+    /// even element waits in `pending` for its odd neighbour, so a lane's results take `E / 2`
+    /// registers as soon as they exist rather than `E` floats until the store.
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32);
+    /// Stores bits made by [`Io::put`] at `p`.
     ///
     /// # Safety
-    /// As [`Io::load`], for writes.
-    unsafe fn store(p: *mut u8, v: &Lane);
+    /// As [`Io::load_raw`], for writes.
+    unsafe fn store_raw(p: *mut u8, v: Bits);
     /// Copies the bits of `E` elements from `src` to `dst`.
     ///
     /// # Safety
@@ -202,25 +210,40 @@ impl<T: Elem> Io for Vec16<T> {
     const E: usize = 16 / T::SIZE;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> Lane {
-        let w = ld_v4(p);
-        let mut v = [0.0; 8];
-        for i in 0..Self::E {
-            v[i] = if T::SIZE == 4 { T::widen(w[i]) } else { T::widen((w[i / 2] >> (16 * (i % 2))) & 0xFFFF) };
-        }
-        v
+    unsafe fn load_raw(p: *const u8) -> Bits {
+        ld_v4(p)
     }
     #[inline(always)]
-    unsafe fn store(p: *mut u8, v: &Lane) {
-        let mut w = [0u32; 4];
-        for i in 0..4 {
-            w[i] = if T::SIZE == 4 { T::narrow(v[i]) } else { T::narrow2(v[2 * i], v[2 * i + 1]) };
+    fn get(w: &Bits, i: usize) -> f32 {
+        if T::SIZE == 4 {
+            T::widen(w[i])
+        } else {
+            T::widen((w[i / 2] >> (16 * (i % 2))) & 0xFFFF)
         }
-        st_v4(p, w);
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
+        put_elem::<T>(out, pending, i, v)
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        st_v4(p, v);
     }
     #[inline(always)]
     unsafe fn copy(src: *const u8, dst: *mut u8) {
         st_v4(dst, ld_v4(src));
+    }
+}
+
+/// [`Io::put`] for 16-byte vectors of `T`.
+#[inline(always)]
+fn put_elem<T: Elem>(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
+    if T::SIZE == 4 {
+        out[i] = T::narrow(v);
+    } else if i % 2 == 0 {
+        *pending = v;
+    } else {
+        out[i / 2] = T::narrow2(*pending, v);
     }
 }
 
@@ -248,14 +271,20 @@ impl<T: Elem> Io for One<T> {
     const E: usize = 1;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> Lane {
-        let mut v = [0.0; 8];
-        v[0] = T::widen(ld_elem::<T>(p));
-        v
+    unsafe fn load_raw(p: *const u8) -> Bits {
+        [ld_elem::<T>(p), 0, 0, 0]
     }
     #[inline(always)]
-    unsafe fn store(p: *mut u8, v: &Lane) {
-        st_elem::<T>(p, T::narrow(v[0]));
+    fn get(w: &Bits, i: usize) -> f32 {
+        T::widen(w[i])
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, _: &mut f32, _: usize, v: f32) {
+        out[0] = T::narrow(v);
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        st_elem::<T>(p, v[0]);
     }
     #[inline(always)]
     unsafe fn copy(src: *const u8, dst: *mut u8) {
@@ -268,16 +297,21 @@ impl<T: Elem> Io for Two<T> {
     const E: usize = 2;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> Lane {
-        let mut v = [0.0; 8];
-        v[0] = T::widen(ld_elem::<T>(p));
-        v[1] = T::widen(ld_elem::<T>(p.add(T::SIZE)));
-        v
+    unsafe fn load_raw(p: *const u8) -> Bits {
+        [ld_elem::<T>(p), ld_elem::<T>(p.add(T::SIZE)), 0, 0]
     }
     #[inline(always)]
-    unsafe fn store(p: *mut u8, v: &Lane) {
-        st_elem::<T>(p, T::narrow(v[0]));
-        st_elem::<T>(p.add(T::SIZE), T::narrow(v[1]));
+    fn get(w: &Bits, i: usize) -> f32 {
+        T::widen(w[i])
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, _: &mut f32, i: usize, v: f32) {
+        out[i] = T::narrow(v);
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        st_elem::<T>(p, v[0]);
+        st_elem::<T>(p.add(T::SIZE), v[1]);
     }
     #[inline(always)]
     unsafe fn copy(src: *const u8, dst: *mut u8) {
