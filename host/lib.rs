@@ -82,3 +82,43 @@ pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTen
 
 /// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).
 pub const ARCH: &str = env!("ROPE_CUDA_ARCH");
+
+/// Counts heap allocations made by the current thread while counting is on, so unit tests
+/// can show the launch path allocates nothing.
+#[cfg(test)]
+pub(crate) mod alloc_count {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static ON: Cell<bool> = const { Cell::new(false) };
+        static COUNT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    struct Counting;
+
+    // SAFETY: forwards to the system allocator; the bookkeeping allocates nothing.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if ON.with(Cell::get) {
+                COUNT.with(|c| c.set(c.get() + 1));
+            }
+            System.alloc(layout)
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            System.dealloc(ptr, layout)
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    /// Runs `f` and returns its result and the allocations it made on this thread.
+    pub fn count<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        COUNT.with(|c| c.set(0));
+        ON.with(|o| o.set(true));
+        let r = f();
+        ON.with(|o| o.set(false));
+        (r, COUNT.with(Cell::get))
+    }
+}

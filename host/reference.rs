@@ -118,53 +118,37 @@ impl RefElem for f32 {
     }
 }
 
-impl RefElem for half::f16 {
-    const NAME: &'static str = "f16";
-    const POISON_BITS: u32 = 0x7DA5;
-    fn from_f32(v: f32) -> Self {
-        half::f16::from_f32(v)
-    }
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn round(v: f64) -> Self {
-        let approx = half::f16::from_f64(v).to_bits() as u32;
-        <Self as RefElem>::from_bits(round16(v, approx, |b| <Self as RefElem>::from_bits(b).to_f64()))
-    }
-    fn bits(self) -> u32 {
-        self.to_bits() as u32
-    }
-    fn from_bits(b: u32) -> Self {
-        half::f16::from_bits(b as u16)
-    }
-    fn ulps(self, other: Self) -> u64 {
-        ordered(self.to_bits() as u32, 16).abs_diff(ordered(other.to_bits() as u32, 16))
-    }
+/// [`RefElem`] for a 16-bit `half` type, with its name and a NaN poison pattern.
+macro_rules! ref_elem_16 {
+    ($t:ty, $name:literal, $poison:literal) => {
+        impl RefElem for $t {
+            const NAME: &'static str = $name;
+            const POISON_BITS: u32 = $poison;
+            fn from_f32(v: f32) -> Self {
+                <$t>::from_f32(v)
+            }
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            fn round(v: f64) -> Self {
+                let approx = <$t>::from_f64(v).to_bits() as u32;
+                <$t>::from_bits(round16(v, approx, |b| <$t>::from_bits(b as u16).to_f64()) as u16)
+            }
+            fn bits(self) -> u32 {
+                self.to_bits() as u32
+            }
+            fn from_bits(b: u32) -> Self {
+                <$t>::from_bits(b as u16)
+            }
+            fn ulps(self, other: Self) -> u64 {
+                ordered(self.to_bits() as u32, 16).abs_diff(ordered(other.to_bits() as u32, 16))
+            }
+        }
+    };
 }
 
-impl RefElem for half::bf16 {
-    const NAME: &'static str = "bf16";
-    const POISON_BITS: u32 = 0x7FA5;
-    fn from_f32(v: f32) -> Self {
-        half::bf16::from_f32(v)
-    }
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn round(v: f64) -> Self {
-        let approx = half::bf16::from_f64(v).to_bits() as u32;
-        <Self as RefElem>::from_bits(round16(v, approx, |b| <Self as RefElem>::from_bits(b).to_f64()))
-    }
-    fn bits(self) -> u32 {
-        self.to_bits() as u32
-    }
-    fn from_bits(b: u32) -> Self {
-        half::bf16::from_bits(b as u16)
-    }
-    fn ulps(self, other: Self) -> u64 {
-        ordered(self.to_bits() as u32, 16).abs_diff(ordered(other.to_bits() as u32, 16))
-    }
-}
+ref_elem_16!(half::f16, "f16", 0x7DA5);
+ref_elem_16!(half::bf16, "bf16", 0x7FA5);
 
 /// The SplitMix64 finaliser.
 pub fn splitmix64(mut z: u64) -> u64 {

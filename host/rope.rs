@@ -226,10 +226,11 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
     }
     let q = Operand { input: args.q, output: args.q_out.unwrap_or(args.q), name: "q", out_name: "q_out" };
     let k = args.k.map(|input| Operand { input, output: args.k_out.unwrap_or(input), name: "k", out_name: "k_out" });
-    let ops: Vec<&Operand> = std::iter::once(&q).chain(k.as_ref()).collect();
+    // q, then k if present (no allocation: this runs on every launch).
+    let ops = || [Some(&q), k.as_ref()].into_iter().flatten();
     let in_place = args.q_out.is_none();
     let qs = q.input.layout.shape;
-    for op in &ops {
+    for op in ops() {
         let shape = op.input.layout.shape;
         if shape[3] != config.head_dim {
             return Err(Error::Shape { what: op.name, axis: "head_dim", expected: config.head_dim, got: shape[3] });
@@ -317,8 +318,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
         RopeStyle::NeoX => half % e == 0,
         RopeStyle::GptJ => rot % e == 0,
     };
-    let views_ok = ops
-        .iter()
+    let views_ok = ops()
         .flat_map(|op| [&op.input, &op.output])
         .all(|t| (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0));
     let vector = pairs_ok && hd % e == 0 && views_ok;
@@ -534,6 +534,76 @@ mod tests {
         a.q.len = a.q.layout.extent().unwrap();
         a.k = None;
         assert!(matches!(err(&config, &a), Error::MaxPosition { needed: 5000, max_position: 4096 }));
+    }
+
+    /// The launch path allocates nothing: planning in place, out of place and on fused views.
+    #[test]
+    fn planning_a_launch_allocates_nothing() {
+        let (config, args) = args();
+        let row = (8 + 2 + 2) * 128;
+        let fused = RawArgs {
+            q: RawTensor { ptr: BASE, len: 4 * row, layout: Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0) },
+            k: Some(RawTensor {
+                ptr: BASE,
+                len: 4 * row,
+                layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
+            }),
+            ..args
+        };
+        let oop = RawArgs {
+            q_out: Some(tensor(4 * BASE, Layout::bshd(2, 2, 8, 128))),
+            k_out: Some(tensor(5 * BASE, Layout::bshd(2, 2, 2, 128))),
+            ..args
+        };
+        for a in [args, fused, oop] {
+            let (plan, allocations) = crate::alloc_count::count(|| plan(&config, &a));
+            assert!(plan.unwrap().is_some());
+            assert_eq!(allocations, 0, "{a:?}");
+        }
+        // The counter does count.
+        let (_, n) = crate::alloc_count::count(|| vec![1u8; 10]);
+        assert_eq!(n, 1);
+    }
+
+    /// Every layout of the GPU matrix (tests/rope_gpu.rs) is accepted, in and out of place.
+    #[test]
+    fn matrix_layouts_are_accepted() {
+        let (b, s) = (2, 3);
+        for (hq, hk) in [(32, 8), (17, 1), (8, 8)] {
+            for (hd, rot) in [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64)] {
+                let config = RopeConfig::new(hd, 4096).rotary_dim(rot).dtype(DType::BF16);
+                let mut storages = vec![
+                    (Layout::bshd(b, s, hq, hd), Layout::bshd(b, s, hk, hd), false),
+                    (Layout::bhsd(b, hq, s, hd), Layout::bhsd(b, hk, s, hd), false),
+                ];
+                for (pad, start) in [(8, 0), (1, 1)] {
+                    let row = (hq + 2 * hk) * hd + pad;
+                    let q = Layout::strided([b, s, hq, hd], [s * row, row, hd], start);
+                    storages.push((q, Layout::strided([b, s, hk, hd], [s * row, row, hd], start + hq * hd), true));
+                }
+                for (ql, kl, fused) in storages {
+                    let kptr = if fused { BASE } else { 2 * BASE };
+                    let len = |l: &Layout| l.extent().unwrap() + 8;
+                    let q = RawTensor { ptr: BASE, len: len(&ql).max(len(&kl)), layout: ql };
+                    let k = RawTensor { ptr: kptr, len: len(&ql).max(len(&kl)), layout: kl };
+                    let positions = RawPositions { kind: PositionKind::IdsI64, ptr: 8 * BASE, len: b * s };
+                    let dir = Direction::Forward;
+                    let in_place = RawArgs {
+                        dtype: DType::BF16,
+                        q,
+                        q_out: None,
+                        k: Some(k),
+                        k_out: None,
+                        positions,
+                        direction: dir,
+                    };
+                    plan(&config, &in_place).unwrap_or_else(|e| panic!("{ql:?} {kl:?}: {e}"));
+                    let (qo, ko) = (RawTensor { ptr: 16 * BASE, ..q }, RawTensor { ptr: 16 * BASE + kptr - BASE, ..k });
+                    let oop = RawArgs { q_out: Some(qo), k_out: Some(ko), ..in_place };
+                    plan(&config, &oop).unwrap_or_else(|e| panic!("out of place {ql:?} {kl:?}: {e}"));
+                }
+            }
+        }
     }
 
     #[test]
