@@ -570,7 +570,9 @@ mod tests {
     fn matrix_layouts_are_accepted() {
         let (b, s) = (2, 3);
         for (hq, hk) in [(32, 8), (17, 1), (8, 8)] {
-            for (hd, rot) in [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64)] {
+            let dims =
+                [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64), (96, 32), (112, 112), (192, 96), (512, 128)];
+            for (hd, rot) in dims {
                 let config = RopeConfig::new(hd, 4096).rotary_dim(rot).dtype(DType::BF16);
                 let mut storages = vec![
                     (Layout::bshd(b, s, hq, hd), Layout::bshd(b, s, hk, hd), false),

@@ -470,3 +470,40 @@ fn dtype_must_match_the_configuration() {
     g.stream.synchronize().unwrap();
     assert!(download_t(&q).iter().all(|&v| v == 0.5));
 }
+
+/// The other head dims models use (96, 112, 192, 512), full and partial, both styles, in
+/// every dtype: the same checks as the matrix on a smaller grid.
+#[test]
+fn head_dims_96_112_192_512() {
+    let test = "head_dims_96_112_192_512";
+    let Some(g) = gpu(test) else { return };
+    let seed = test_seed(test);
+    let mut failures = Vec::new();
+    let mut cases = 0u64;
+    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+        for (hd, rot) in [(96, 96), (96, 32), (112, 112), (192, 192), (192, 96), (512, 512), (512, 128)] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let config = RopeConfig::new(hd, MAX_POS).rotary_dim(rot).style(style).dtype(dtype);
+                let rope = Rope::new(&g.kernels, config).unwrap();
+                for kind in [Storage::Bshd, Storage::PackedQkv, Storage::PackedOdd] {
+                    for in_place in [true, false] {
+                        cases += 1;
+                        let s = seed.wrapping_add(cases);
+                        let e = match dtype {
+                            DType::F32 => case::<f32>(&g, &rope, kind, (4, 2), PosKind::Ids32, in_place, s),
+                            DType::F16 => case::<half::f16>(&g, &rope, kind, (4, 2), PosKind::Ids32, in_place, s),
+                            DType::BF16 => case::<half::bf16>(&g, &rope, kind, (4, 2), PosKind::Ids32, in_place, s),
+                        };
+                        if let Some(e) = e {
+                            failures.push(format!(
+                                "{dtype:?} {style:?} hd {hd} rot {rot} {kind:?} in_place {in_place} seed {s}: {e}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 2 * 7 * 3 * 3 * 2);
+    assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
+}
