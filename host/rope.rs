@@ -12,8 +12,25 @@ use crate::layout::disjoint;
 use crate::table::RopeTable;
 use crate::tensor::{Element, PositionKind, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 
-/// Threads per block the launcher aims for.
-const BLOCK_THREADS: u32 = 256;
+/// Threads per block: small blocks leave the fewest registers unused per SM. The build-time
+/// variable `ROPE_CUDA_BLOCK_THREADS` (a multiple of 32 up to 1024) overrides it, a tuning
+/// knob for benchmarks.
+const BLOCK_THREADS: u32 = match option_env!("ROPE_CUDA_BLOCK_THREADS") {
+    Some(v) => parse_threads(v),
+    None => 128,
+};
+
+const fn parse_threads(v: &str) -> u32 {
+    let (mut n, mut i) = (0u32, 0);
+    while i < v.len() {
+        let d = v.as_bytes()[i];
+        assert!(d.is_ascii_digit() && n < 1024, "ROPE_CUDA_BLOCK_THREADS must be a number");
+        n = n * 10 + (d - b'0') as u32;
+        i += 1;
+    }
+    assert!(n % 32 == 0 && n > 0 && n <= 1024, "ROPE_CUDA_BLOCK_THREADS must be a multiple of 32 up to 1024");
+    n
+}
 
 /// RoPE for one configuration: the cos/sin table built once (angles in f64, stored f32), the
 /// device-side record of out-of-range positions, and the launches.
@@ -358,25 +375,29 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
         ..Default::default()
     };
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
-    Ok(geometry(&params, g)?.map(|geometry| Plan { params, vector, geometry }))
+    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { params: RopeParams { chunk, ..params }, vector, geometry }))
 }
 
-/// The launch geometry of [`RopeParams`]'s thread mapping for a kernel taking `g` heads per
-/// thread; `None` when there is no work.
-fn geometry(p: &RopeParams, g: u32) -> Result<Option<Geometry>> {
+/// The launch geometry of [`RopeParams`]'s thread mapping ([`work_item`]) for a kernel taking
+/// `g` heads per thread, and the tokens per grid row; `None` when there is no work.
+fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
     let work = (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64;
     if work == 0 || p.tokens == 0 {
         return Ok(None);
     }
-    let limit = 65_535 * BLOCK_THREADS as u64;
-    let work = u32::try_from(work).ok().filter(|&w| w as u64 <= limit).ok_or(Error::TooLarge {
-        what: "heads * lanes",
-        value: work,
-        limit,
-    })?;
-    let bx = work.min(BLOCK_THREADS);
-    let by = (BLOCK_THREADS / bx).max(1);
-    Ok(Some(Geometry { grid: (p.tokens.div_ceil(by), work.div_ceil(bx)), block: (bx, by) }))
+    // One grid row holds at most 2^31 thread indices, so the kernel's index math stays 32-bit.
+    let row = 1u64 << 31;
+    let too_large = |what, value, limit| Error::TooLarge { what, value, limit };
+    if work > row {
+        return Err(too_large("heads * lanes", work, row));
+    }
+    let chunk = (row / work).min(p.tokens as u64);
+    let rows = (p.tokens as u64).div_ceil(chunk);
+    if rows > 65_535 {
+        return Err(too_large("grid rows (tokens * heads * lanes / 2^31)", rows, 65_535));
+    }
+    let blocks = (chunk * work).div_ceil(BLOCK_THREADS as u64);
+    Ok(Some((Geometry { grid: (blocks as u32, rows as u32), block: (BLOCK_THREADS, 1) }, chunk as u32)))
 }
 
 #[cfg(test)]
@@ -384,6 +405,7 @@ mod tests {
     use super::*;
     use crate::layout::Layout;
     use crate::tensor::RawPositions;
+    use rope_cuda_kernels::params::work_item;
 
     const BASE: u64 = 1 << 20;
 
@@ -657,21 +679,21 @@ mod tests {
             (3, 3, 8, 1, 4),
             (64, 64, 32, 2, 4),
             (33, 7, 8, 9, 4),
+            (32, 8, 8, 3, 1),
+            (200, 57, 16, 2, 1),
         ];
         for (qh, kh, lanes, tokens, heads_per_thread) in cases {
             let p = params(qh, kh, lanes, tokens);
-            let g = geometry(&p, heads_per_thread).unwrap().unwrap();
-            assert!(g.block.0 * g.block.1 <= 1024);
+            let (g, chunk) = geometry(&p, heads_per_thread).unwrap().unwrap();
+            assert!(g.block.0 <= 1024 && g.block.1 == 1);
             let work = (groups(qh, heads_per_thread) + groups(kh, heads_per_thread)) * lanes;
             let mut seen = vec![0u32; (work * tokens) as usize];
             for gx in 0..g.grid.0 {
                 for gy in 0..g.grid.1 {
-                    for ty in 0..g.block.1 {
-                        for tx in 0..g.block.0 {
-                            let (t, w) = (gx * g.block.1 + ty, gy * g.block.0 + tx);
-                            if t < tokens && w < work {
-                                seen[(t * work + w) as usize] += 1;
-                            }
+                    for tx in 0..g.block.0 {
+                        if let Some((t, w)) = work_item((gx, gy), g.block.0, tx, work, chunk, tokens) {
+                            assert!(t < tokens && w < work);
+                            seen[(t * work + w) as usize] += 1;
                         }
                     }
                 }
@@ -680,5 +702,30 @@ mod tests {
         }
         assert_eq!(geometry(&params(0, 0, 4, 9), 2).unwrap(), None);
         assert_eq!(geometry(&params(4, 0, 4, 0), 2).unwrap(), None);
+    }
+
+    /// Past 2^31 thread indices the grid gets more rows; each row's first and last threads map
+    /// to the rows' token ranges, and the index math stays below 2^32.
+    #[test]
+    fn geometry_rows_keep_indices_32_bit() {
+        let (tokens, work) = (3_000_000u32, 4_096u32);
+        let (g, chunk) = geometry(&params(64, 64, 32, tokens), 1).unwrap().unwrap();
+        assert_eq!(chunk, (1 << 31) / work);
+        assert_eq!(g.grid.1, tokens.div_ceil(chunk));
+        assert!(g.grid.0 as u64 * g.block.0 as u64 <= (1 << 31) + g.block.0 as u64);
+        for y in 0..g.grid.1 {
+            assert_eq!(work_item((0, y), g.block.0, 0, work, chunk, tokens), Some((y * chunk, 0)));
+            let end = ((y + 1) as u64 * chunk as u64).min(tokens as u64) as u32;
+            // The row's last item, and the thread after it (none past the row or the tokens).
+            let i = (end - y * chunk) * work - 1;
+            let (bx, tx) = (i / g.block.0, i % g.block.0);
+            assert!(bx < g.grid.0);
+            assert_eq!(work_item((bx, y), g.block.0, tx, work, chunk, tokens), Some((end - 1, work - 1)));
+            let (bx, tx) = ((i + 1) / g.block.0, (i + 1) % g.block.0);
+            assert_eq!(work_item((bx, y), g.block.0, tx, work, chunk, tokens), None, "row {y}");
+        }
+        // Absurd sizes are refused, not wrapped.
+        assert!(matches!(geometry(&params(1 << 20, 0, 1 << 12, 1), 1), Err(Error::TooLarge { .. })));
+        assert!(matches!(geometry(&params(1 << 12, 0, 1 << 12, u32::MAX), 1), Err(Error::TooLarge { .. })));
     }
 }

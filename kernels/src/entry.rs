@@ -5,7 +5,7 @@ use crate::gpu::{
     Lane, One, Two, Vec16, F16, F32,
 };
 use crate::math::{rotate_pair, rotate_pair_fast};
-use crate::params::{groups, heads_per_thread, position_mode, ErrorRecord, RopeParams};
+use crate::params::{groups, heads_per_thread, position_mode, work_item, ErrorRecord, RopeParams};
 
 /// The table entries of one lane: `n` pairs' cos and sin (the f32 nearest the f64 values),
 /// the sine's sign set for the direction.
@@ -222,18 +222,17 @@ unsafe fn position(p: &RopeParams, token: u32, b: u32, s: u32) -> i64 {
 /// with this kernel's `G`.
 #[inline(always)]
 unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
-    let (tx, ty) = thread_idx();
-    let (bx, by) = block_idx();
-    let (dx, dy) = block_dim();
-    let token = bx * dy + ty;
-    let work = by * dx + tx;
     let lanes = p.rot_lanes + p.copy_lanes;
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
-    if token >= p.tokens || work >= (gq + gk) * lanes {
+    let items = (gq + gk) * lanes;
+    // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
+    core::hint::assert_unchecked(lanes != 0);
+    core::hint::assert_unchecked(gq + gk != 0);
+    core::hint::assert_unchecked(items != 0);
+    core::hint::assert_unchecked(p.seq != 0);
+    let Some((token, work)) = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens) else {
         return;
-    }
-    // SAFETY: the host never launches with `lanes == 0` or `seq == 0`.
-    core::hint::assert_unchecked(lanes != 0 && p.seq != 0);
+    };
     let (b, s) = (token / p.seq, token % p.seq);
     let (group, lane) = (work / lanes, work % lanes);
     let (view, h0, heads) =

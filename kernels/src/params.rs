@@ -100,7 +100,7 @@ pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize) -> u32
     match (vector, neox, elem_size) {
         (false, _, _) => 1,
         _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
-        (true, true, 2) => 2,
+        (true, _, 2) => 8,
         (true, _, _) => 4,
     }
 }
@@ -118,6 +118,25 @@ const fn parse_digit(v: &str) -> u32 {
     }
 }
 
+/// The (token, work item) of thread `thread` of block `(block_x, block_y)` of `block_dim`
+/// threads, for `work` items per token and `chunk` tokens per grid row; `None` past the end.
+/// Host and device share it: the host's tests check that a launch covers each pair once.
+#[inline(always)]
+pub fn work_item(
+    (block_x, block_y): (u32, u32),
+    block_dim: u32,
+    thread: u32,
+    work: u32,
+    chunk: u32,
+    tokens: u32,
+) -> Option<(u32, u32)> {
+    // Below 2^32: the host keeps `chunk * work` at most 2^31 and the grid row within a block of it.
+    let i = block_x * block_dim + thread;
+    let (local, w) = (i / work, i % work);
+    let token = block_y as u64 * chunk as u64 + local as u64;
+    (local < chunk && token < tokens as u64).then_some((token as u32, w))
+}
+
 /// Number of head groups of `heads` heads taken `g` at a time.
 #[inline(always)]
 pub fn groups(heads: u32, g: u32) -> u32 {
@@ -126,11 +145,12 @@ pub fn groups(heads: u32, g: u32) -> u32 {
 
 /// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{v,s}`.
 ///
-/// Thread mapping: a block is `(bx, by)` threads; `threadIdx.y` and `blockIdx.x` pick a token
-/// `t = blockIdx.x * by + threadIdx.y` (batch `t / seq`, sequence index `t % seq`), and
-/// `blockIdx.y * bx + threadIdx.x` a work item `w < (q_groups + k_groups) * lanes`, with
-/// `lanes = rot_lanes + copy_lanes` and the heads of q, then of k, taken in groups of `G`
-/// ([`heads_per_thread`]): group `w / lanes`, lane `w % lanes`. A thread loads its lane's
+/// Thread mapping ([`work_item`]): one-dimensional blocks walk the (token, work item) pairs in
+/// order, `work = (q_groups + k_groups) * lanes` items per token, `chunk` tokens per row of
+/// the grid (`blockIdx.y`), so that indices stay 32-bit; token `t` is batch `t / seq`,
+/// sequence index `t % seq`. `lanes = rot_lanes + copy_lanes`, and the heads of q, then of k,
+/// are taken in groups of `G` ([`heads_per_thread`]): item `w` is group `w / lanes`, lane
+/// `w % lanes`. A thread loads its lane's
 /// table entries once and applies them to each head of its group. A rotating
 /// lane turns `E` elements (`E / 2` pairs in GPT-J style, `E` pairs in NeoX style, whose lane
 /// reads `E` elements from each half), `E` being the kernel's access width (16 bytes in the
@@ -173,4 +193,6 @@ pub struct RopeParams {
     pub position_mode: u32,
     /// `1.0` to rotate by +theta, `-1.0` for the inverse rotation.
     pub sin_sign: f32,
+    /// Tokens per row of the grid (see [`work_item`]).
+    pub chunk: u32,
 }
