@@ -47,6 +47,22 @@ pub fn time_op(stream: &Stream, warmup: usize, runs: usize, mut op: impl FnMut()
     Ok(Timing { median_us: at(0.5), p90_us: at(0.9), runs })
 }
 
+/// Like [`time_op`], but each timed run queues `batch` back-to-back calls of `op` between one
+/// pair of events and reports the time per call: for operations of a few microseconds, where
+/// the host's time to queue one call would otherwise be counted (the device stays busy as
+/// long as queueing a call is quicker than running it).
+pub fn time_batched(
+    stream: &Stream,
+    warmup: usize,
+    runs: usize,
+    batch: usize,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    assert!(batch > 0, "time_batched: batch must be positive");
+    let t = time_op(stream, warmup, runs, || (0..batch).try_for_each(|_| op()))?;
+    Ok(Timing { median_us: t.median_us / batch as f64, p90_us: t.p90_us / batch as f64, runs })
+}
+
 /// Queues a device-to-device copy of `src` into `dst` (equal lengths) on `stream`: the
 /// bandwidth yardstick.
 pub fn copy_d2d<T: cust::memory::DeviceCopy>(

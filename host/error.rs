@@ -120,6 +120,23 @@ pub enum Error {
         /// Number of offending tokens since the record was last read.
         count: u64,
     },
+    /// Tokens were given cache slots outside the cache (other than `-1`, padding); their
+    /// keys and values were not written.
+    #[error("{count} token(s) had cache slots outside 0..{num_slots}; the first is token {token} at slot {slot}")]
+    SlotOutOfRange {
+        /// The lowest offending token index.
+        token: usize,
+        /// Its slot (saturated to the i32 range).
+        slot: i64,
+        /// Number of slots in the cache of the last call (0 if unknown).
+        num_slots: u64,
+        /// Number of offending tokens since the record was last read.
+        count: u64,
+    },
+    /// The slot mapping does not fit the cache: a paged cache needs one, a contiguous cache
+    /// takes positions instead.
+    #[error("{0}")]
+    SlotMapping(&'static str),
     /// The rotary base is not a finite number greater than zero.
     #[error("base {base} must be finite and greater than 0")]
     Base {

@@ -17,6 +17,14 @@ pub(crate) struct Functions {
     /// `rope_{style}_{dtype}_{s,v}`, indexed `[style][dtype][vector]` in the order of
     /// [`ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte.
     pub rope: [[[cuda::CUfunction; 2]; 3]; 2],
+    /// `kv_{style}_{dtype}_{s,v,d}`, indexed `[style][dtype][width]` in the order of
+    /// [`KV_ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte, 16-byte one head
+    /// per thread.
+    pub kv: [[[cuda::CUfunction; 3]; 3]; 2],
+    /// `kv_gptj_{f16,bf16}_{s,v}_t`: GPT-J with the caller's tables in the element type.
+    pub kv_elem_table: [[cuda::CUfunction; 2]; 2],
+    /// `kv_claim`.
+    pub kv_claim: cuda::CUfunction,
 }
 
 /// The loaded kernel module of one CUDA context.
@@ -50,7 +58,15 @@ impl Kernels {
         for (slot, name) in slots.zip(ENTRY_POINTS) {
             *slot = function(name)?;
         }
-        let functions = Functions { rope };
+        let mut kv = [[[std::ptr::null_mut(); 3]; 3]; 2];
+        for (slot, name) in kv.iter_mut().flatten().flatten().zip(KV_ENTRY_POINTS) {
+            *slot = function(name)?;
+        }
+        let mut kv_elem_table = [[std::ptr::null_mut(); 2]; 2];
+        for (slot, name) in kv_elem_table.iter_mut().flatten().zip(KV_ELEM_TABLE_ENTRY_POINTS) {
+            *slot = function(name)?;
+        }
+        let functions = Functions { rope, kv, kv_elem_table, kv_claim: function("kv_claim")? };
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
         driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
@@ -107,3 +123,29 @@ pub const ENTRY_POINTS: &[&str] = &[
     "rope_gptj_bf16_s",
     "rope_gptj_bf16_v",
 ];
+
+/// The KV-cache entry points; [`Kernels::load`] resolves each one.
+pub const KV_ENTRY_POINTS: &[&str] = &[
+    "kv_neox_f32_s",
+    "kv_neox_f32_v",
+    "kv_neox_f32_d",
+    "kv_neox_f16_s",
+    "kv_neox_f16_v",
+    "kv_neox_f16_d",
+    "kv_neox_bf16_s",
+    "kv_neox_bf16_v",
+    "kv_neox_bf16_d",
+    "kv_gptj_f32_s",
+    "kv_gptj_f32_v",
+    "kv_gptj_f32_d",
+    "kv_gptj_f16_s",
+    "kv_gptj_f16_v",
+    "kv_gptj_f16_d",
+    "kv_gptj_bf16_s",
+    "kv_gptj_bf16_v",
+    "kv_gptj_bf16_d",
+];
+
+/// The KV-cache entry points reading the caller's tables (GPT-J, 16-bit).
+pub const KV_ELEM_TABLE_ENTRY_POINTS: &[&str] =
+    &["kv_gptj_f16_s_t", "kv_gptj_f16_v_t", "kv_gptj_bf16_s_t", "kv_gptj_bf16_v_t"];

@@ -65,11 +65,13 @@ const fn parse_threads(v: &str) -> u32 {
 /// ```
 #[derive(Debug)]
 pub struct Rope<'k> {
-    kernels: &'k Kernels,
-    config: RopeConfig,
-    table: RopeTable,
-    /// An [`ErrorRecord`] as two u64.
-    errors: DeviceBuffer<u64>,
+    pub(crate) kernels: &'k Kernels,
+    pub(crate) config: RopeConfig,
+    pub(crate) table: RopeTable,
+    /// Two [`ErrorRecord`]s as four u64: out-of-range positions, then (KV appends) slots.
+    pub(crate) errors: DeviceBuffer<u64>,
+    /// The KV append's owner array for large calls, allocated on first use.
+    pub(crate) owners: std::sync::Mutex<crate::kv::Owners>,
 }
 
 impl<'k> Rope<'k> {
@@ -77,9 +79,8 @@ impl<'k> Rope<'k> {
     pub fn new(kernels: &'k Kernels, config: RopeConfig) -> Result<Self> {
         config.validate()?;
         let table = RopeTable::new(config.rotary_dim, config.base, config.max_position)?;
-        let clear = ErrorRecord::CLEAR;
-        let errors = DeviceBuffer::from_slice(&[clear.key, clear.count])?;
-        Ok(Rope { kernels, config, table, errors })
+        let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
+        Ok(Rope { kernels, config, table, errors, owners: Default::default() })
     }
 
     /// The configuration.
@@ -185,27 +186,51 @@ impl<'k> Rope<'k> {
         self.take_errors()
     }
 
-    /// Reads and clears the error record (the work that wrote it has completed).
-    fn take_errors(&self) -> Result<()> {
-        let mut raw = [0u64; 2];
-        self.errors.copy_to(&mut raw[..])?;
-        let record = ErrorRecord { key: raw[0], count: raw[1] };
-        let Some((token, position)) = record.first() else { return Ok(()) };
-        let clear = [ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count];
-        // SAFETY: `errors` holds two u64; the copy is synchronous.
-        driver("cuMemcpyHtoD", unsafe {
-            cuda::cuMemcpyHtoD_v2(self.errors.as_device_ptr().as_raw(), clear.as_ptr().cast(), 16)
-        })?;
-        Err(Error::PositionOutOfRange {
-            token: token as usize,
-            position,
-            max_position: self.config.max_position,
-            count: record.count,
-        })
+    /// Reads and clears the error records (the work that wrote them has completed).
+    pub(crate) fn take_errors(&self) -> Result<()> {
+        let num_slots = self.owners.lock().map_or(0, |o| o.num_slots);
+        take_errors(&self.errors, self.config.max_position, Some(num_slots))
     }
 }
 
-fn dtype_index(dtype: DType) -> usize {
+/// Both error records, cleared.
+pub(crate) const CLEAR_RECORDS: [u64; 4] =
+    [ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count, ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count];
+
+/// Reads and clears the two error records in `errors` (positions, slots): the first that
+/// holds an error becomes `Err`. `num_slots` is reported with slot errors.
+pub(crate) fn take_errors(errors: &DeviceBuffer<u64>, max_position: usize, num_slots: Option<u64>) -> Result<()> {
+    let mut raw = [0u64; 4];
+    errors.copy_to(&mut raw[..])?;
+    if raw == CLEAR_RECORDS {
+        return Ok(());
+    }
+    // SAFETY: `errors` holds four u64; the copy is synchronous.
+    driver("cuMemcpyHtoD", unsafe {
+        cuda::cuMemcpyHtoD_v2(errors.as_device_ptr().as_raw(), CLEAR_RECORDS.as_ptr().cast(), 32)
+    })?;
+    let positions = ErrorRecord { key: raw[0], count: raw[1] };
+    if let Some((token, position)) = positions.first() {
+        return Err(Error::PositionOutOfRange {
+            token: token as usize,
+            position,
+            max_position,
+            count: positions.count,
+        });
+    }
+    let slots = ErrorRecord { key: raw[2], count: raw[3] };
+    match slots.first() {
+        Some((token, slot)) => Err(Error::SlotOutOfRange {
+            token: token as usize,
+            slot,
+            num_slots: num_slots.unwrap_or(0),
+            count: slots.count,
+        }),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn dtype_index(dtype: DType) -> usize {
     match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
@@ -382,7 +407,13 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
 /// `g` heads per thread, and the tokens per grid row; `None` when there is no work.
 fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
     let work = (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64;
-    if work == 0 || p.tokens == 0 {
+    flat_geometry(p.tokens, work)
+}
+
+/// The geometry of [`work_item`]'s mapping for `tokens` tokens of `work` items each, and the
+/// tokens per grid row; `None` when there is no work.
+pub(crate) fn flat_geometry(tokens: u32, work: u64) -> Result<Option<(Geometry, u32)>> {
+    if work == 0 || tokens == 0 {
         return Ok(None);
     }
     // One grid row holds at most 2^31 thread indices, so the kernel's index math stays 32-bit.
@@ -391,8 +422,8 @@ fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
     if work > row {
         return Err(too_large("heads * lanes", work, row));
     }
-    let chunk = (row / work).min(p.tokens as u64);
-    let rows = (p.tokens as u64).div_ceil(chunk);
+    let chunk = (row / work).min(tokens as u64);
+    let rows = (tokens as u64).div_ceil(chunk);
     if rows > 65_535 {
         return Err(too_large("grid rows (tokens * heads * lanes / 2^31)", rows, 65_535));
     }

@@ -1,7 +1,12 @@
 //! Checks on the embedded PTX text: what the kernels compiled to. (Registers and spills are
 //! checked with ptxas in `.ci/run`.)
 
-use rope_cuda::{ARCH, ENTRY_POINTS, PTX};
+use rope_cuda::{ARCH, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
+
+/// Every entry point the host resolves.
+fn all_entry_points() -> impl Iterator<Item = &'static str> {
+    ENTRY_POINTS.iter().chain(KV_ENTRY_POINTS).chain(KV_ELEM_TABLE_ENTRY_POINTS).copied().chain(["kv_claim"])
+}
 
 /// The text of entry point `name`, up to the next entry point.
 fn body(name: &str) -> &'static str {
@@ -13,10 +18,10 @@ fn body(name: &str) -> &'static str {
 
 #[test]
 fn every_entry_point_is_present_once() {
-    for name in ENTRY_POINTS {
+    for name in all_entry_points() {
         assert_eq!(PTX.matches(&format!(".entry {name}(")).count(), 1, "{name}");
     }
-    assert_eq!(PTX.matches(".entry ").count(), ENTRY_POINTS.len(), "an entry point is not listed in ENTRY_POINTS");
+    assert_eq!(PTX.matches(".entry ").count(), all_entry_points().count(), "an entry point is not listed");
 }
 
 #[test]
@@ -30,6 +35,16 @@ fn ptx_targets_the_configured_arch() {
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let vector: Vec<_> = ENTRY_POINTS.iter().filter(|n| n.ends_with("_v")).collect();
     assert_eq!(vector.len(), 6);
+    // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache
+    // (tables in the element type are read 2 bytes at a time, through the read-only path).
+    let kv = KV_ENTRY_POINTS.iter().chain(KV_ELEM_TABLE_ENTRY_POINTS).filter(|n| !n.contains("_s"));
+    for name in kv {
+        let b = body(name);
+        assert!(b.contains("ld.global.v4.b32") && b.contains("st.global.v4.b32"), "{name}: no 16-byte access");
+        for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16"] {
+            assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
+        }
+    }
     for name in vector {
         let b = body(name);
         assert!(b.contains("ld.global.v4.b32"), "{name}: no 16-byte global load");

@@ -1,15 +1,72 @@
 //! `extern "ptx-kernel"` entry points: thread-to-work mapping only (see [`RopeParams`]).
 
 use crate::gpu::{
-    atomic_add_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, load_table, thread_idx, Bf16, Bits, Io,
-    Lane, One, Two, Vec16, F16, F32,
+    atomic_add_u64, atomic_min_u64, block_dim, block_idx, load_elem_nc, load_i32, load_i64, load_table, thread_idx,
+    Bf16, Bits, Elem, Io, Lane, One, Two, Vec16, F16, F32,
 };
 use crate::math::{rotate_pair, rotate_pair_fast};
 use crate::params::{groups, heads_per_thread, position_mode, work_item, ErrorRecord, RopeParams};
 
-/// The table entries of one lane: `n` pairs' cos and sin (the f32 nearest the f64 values),
-/// the sine's sign set for the direction.
-struct Entries {
+/// The cos/sin tables a kernel's parameters name.
+pub(crate) trait Tables {
+    /// Device addresses of the cosines, sines and their residuals (the latter only read by
+    /// [`F32Table`] kernels).
+    fn tables(&self) -> [u64; 4];
+    /// Pairs per table row.
+    fn half(&self) -> u32;
+    /// `1.0`, or `-1.0` for the inverse rotation.
+    fn sin_sign(&self) -> f32;
+}
+
+impl Tables for RopeParams {
+    #[inline(always)]
+    fn tables(&self) -> [u64; 4] {
+        [self.cos, self.sin, self.cos_lo, self.sin_lo]
+    }
+    #[inline(always)]
+    fn half(&self) -> u32 {
+        self.half
+    }
+    #[inline(always)]
+    fn sin_sign(&self) -> f32 {
+        self.sin_sign
+    }
+}
+
+/// How table entries are stored.
+pub(crate) trait TableElem {
+    /// Loads `n` entries at entry index `at` of the table at `base`.
+    unsafe fn load(base: u64, at: usize, n: usize) -> Lane;
+    /// Whether residual tables exist (else the residuals are zero: the entries are exact).
+    const RESIDUALS: bool;
+}
+
+/// The library's tables: f32, the nearest to the f64 values, with f32 residual tables.
+pub(crate) struct F32Table;
+/// A caller's tables in the element type `T` (taken as exact).
+pub(crate) struct ElemTable<T>(core::marker::PhantomData<T>);
+
+impl TableElem for F32Table {
+    const RESIDUALS: bool = true;
+    #[inline(always)]
+    unsafe fn load(base: u64, at: usize, n: usize) -> Lane {
+        load_table((base as *const f32).wrapping_add(at), n)
+    }
+}
+
+impl<T: Elem> TableElem for ElemTable<T> {
+    const RESIDUALS: bool = false;
+    #[inline(always)]
+    unsafe fn load(base: u64, at: usize, n: usize) -> Lane {
+        let mut v = [0.0f32; 8];
+        unrolled(n, |j| v[j] = T::widen(load_elem_nc::<T>((base as *const u8).wrapping_add((at + j) * T::SIZE))));
+        v
+    }
+}
+
+/// The table entries of one lane: `n` pairs' cos and sin, the sine's sign set for the
+/// direction.
+pub(crate) struct Entries {
     c: Lane,
     s: Lane,
     /// Where the lane's entries start, for the residuals.
@@ -19,22 +76,27 @@ struct Entries {
 impl Entries {
     /// Loads `n` entries from pair `i` of the table row of position `pos`.
     #[inline(always)]
-    unsafe fn load(p: &RopeParams, pos: usize, i: usize, n: usize) -> Entries {
-        let at = pos * p.half as usize + i;
-        let mut s = load_table((p.sin as *const f32).wrapping_add(at), n);
+    unsafe fn load<B: TableElem>(p: &impl Tables, pos: usize, i: usize, n: usize) -> Entries {
+        let at = pos * p.half() as usize + i;
+        let [cos, sin, ..] = p.tables();
+        let mut s = B::load(sin, at, n);
         for v in s.iter_mut().take(n) {
-            *v *= p.sin_sign;
+            *v *= p.sin_sign();
         }
-        Entries { c: load_table((p.cos as *const f32).wrapping_add(at), n), s, at }
+        Entries { c: B::load(cos, at, n), s, at }
     }
 
     /// The residuals `(cos_lo, sin_lo)` of entry `j`, one at a time (few registers: this
     /// is the rare path).
     #[inline(always)]
-    unsafe fn residual(&self, p: &RopeParams, j: usize) -> (f32, f32) {
-        let c = load_table((p.cos_lo as *const f32).wrapping_add(self.at + j), 1)[0];
-        let s = load_table((p.sin_lo as *const f32).wrapping_add(self.at + j), 1)[0];
-        (c, s * p.sin_sign)
+    unsafe fn residual<B: TableElem>(&self, p: &impl Tables, j: usize) -> (f32, f32) {
+        if !B::RESIDUALS {
+            return (0.0, 0.0);
+        }
+        let [_, _, cos_lo, sin_lo] = p.tables();
+        let c = load_table((cos_lo as *const f32).wrapping_add(self.at + j), 1)[0];
+        let s = load_table((sin_lo as *const f32).wrapping_add(self.at + j), 1)[0];
+        (c, s * p.sin_sign())
     }
 }
 
@@ -42,7 +104,7 @@ impl Entries {
 /// constant, so the lane arrays `f` indexes stay in registers. (LLVM does not unroll the
 /// larger loop bodies by itself, and one dynamic index puts a whole array in local memory.)
 #[inline(always)]
-fn unrolled(n: usize, mut f: impl FnMut(usize)) {
+pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
     if n > 0 {
         f(0)
     }
@@ -77,9 +139,9 @@ fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// is recomputed with [`rotate_pair`]. That happens for about one output in 10^4 on random
 /// data.
 #[inline(always)]
-unsafe fn rotate_lane<R: Io>(
+unsafe fn rotate_lane<R: Io, B: TableElem>(
     t: &Entries,
-    p: &RopeParams,
+    p: &impl Tables,
     n: usize,
     raw: &[Bits; 2],
     out: &mut [Bits; 2],
@@ -108,7 +170,7 @@ unsafe fn rotate_lane<R: Io>(
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
             let (a, b) = (R::get(&orig[l0], i0), R::get(&orig[l1], i1));
-            let (c_lo, s_lo) = t.residual(p, j);
+            let (c_lo, s_lo) = t.residual::<B>(p, j);
             let (y0, y1) = rotate_pair(a, b, (t.c[j], c_lo), (t.s[j], s_lo));
             R::put(&mut out[l0], &mut pending[l0], i0, y0);
             R::put(&mut out[l1], &mut pending[l1], i1, y1);
@@ -119,58 +181,59 @@ unsafe fn rotate_lane<R: Io>(
 /// The rows one thread rotates: `count` heads of one token, head `h` at byte offset
 /// `h * step` from the first.
 #[derive(Clone, Copy)]
-struct Rows {
-    src: *const u8,
-    dst: *mut u8,
-    src_step: usize,
-    dst_step: usize,
-    count: usize,
+pub(crate) struct Rows {
+    pub src: *const u8,
+    pub dst: *mut u8,
+    pub src_step: usize,
+    pub dst_step: usize,
+    pub count: usize,
 }
 
 impl Rows {
     #[inline(always)]
-    fn src(&self, h: usize, byte: usize) -> *const u8 {
+    pub fn src(&self, h: usize, byte: usize) -> *const u8 {
         self.src.wrapping_add(h * self.src_step + byte)
     }
 
     #[inline(always)]
-    fn dst(&self, h: usize, byte: usize) -> *mut u8 {
+    pub fn dst(&self, h: usize, byte: usize) -> *mut u8 {
         self.dst.wrapping_add(h * self.dst_step + byte)
     }
 }
 
 /// Which elements form the pairs.
-trait Style {
+pub(crate) trait Style {
     /// Loads the bits of lane `lane` of head `h` of `rows`.
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Bits; 2];
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2];
     /// Rotates lane `lane` of every head of `rows`, given head 0's data. The next head's loads
     /// are issued before the current head's stores, so two heads' loads are in flight.
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams);
+    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables);
 }
 
 /// Rotate-half: pair `i` is `(x[i], x[i + half])`; a lane takes `E` pairs.
-struct NeoX;
+pub(crate) struct NeoX;
 /// Interleaved: pair `i` is `(x[2i], x[2i + 1])`; a lane takes `E / 2` pairs.
-struct GptJ;
+pub(crate) struct GptJ;
 
 impl Style for NeoX {
     #[inline(always)]
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, p: &RopeParams) -> [Bits; 2] {
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2] {
         let i = lane * R::E;
-        [R::load_raw(rows.src(h, i * R::SIZE)), R::load_raw(rows.src(h, (i + p.half as usize) * R::SIZE))]
+        [R::load_raw(rows.src(h, i * R::SIZE)), R::load_raw(rows.src(h, (i + half) * R::SIZE))]
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams) {
+    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables) {
+        let half = p.half() as usize;
         let i = lane * R::E;
-        let (lo, hi) = (i * R::SIZE, (i + p.half as usize) * R::SIZE);
-        let t = Entries::load(p, pos, i, R::E);
+        let (lo, hi) = (i * R::SIZE, (i + half) * R::SIZE);
+        let t = Entries::load::<B>(p, pos, i, R::E);
         let mut cur = first;
         for h in 0..rows.count {
-            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
+            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, half) } else { cur };
             let mut y = [[0u32; 4]; 2];
-            let reload = || Self::load::<R>(&rows, h, lane, p);
-            rotate_lane::<R>(&t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload);
+            let reload = || Self::load::<R>(&rows, h, lane, half);
+            rotate_lane::<R, B>(&t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload);
             R::store_raw(rows.dst(h, lo), y[0]);
             R::store_raw(rows.dst(h, hi), y[1]);
             cur = next;
@@ -180,34 +243,35 @@ impl Style for NeoX {
 
 impl Style for GptJ {
     #[inline(always)]
-    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: &RopeParams) -> [Bits; 2] {
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: usize) -> [Bits; 2] {
         [R::load_raw(rows.src(h, lane * R::E * R::SIZE)), [0; 4]]
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &RopeParams) {
+    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables) {
         let i = lane * R::E;
-        let t = Entries::load(p, pos, i / 2, R::E / 2);
+        let t = Entries::load::<B>(p, pos, i / 2, R::E / 2);
         let mut cur = first;
         for h in 0..rows.count {
-            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, p) } else { cur };
+            let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, 0) } else { cur };
             let mut y = [[0u32; 4]; 2];
-            let reload = || Self::load::<R>(&rows, h, lane, p);
-            rotate_lane::<R>(&t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
+            let reload = || Self::load::<R>(&rows, h, lane, 0);
+            rotate_lane::<R, B>(&t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
             R::store_raw(rows.dst(h, i * R::SIZE), y[0]);
             cur = next;
         }
     }
 }
 
-/// The position of token `token` (batch `b`, index `s`), before the range check.
+/// The position of token `token` (batch `b`, index `s`), before the range check, from the
+/// positions at `positions` read as `mode` says.
 #[inline(always)]
-unsafe fn position(p: &RopeParams, token: u32, b: u32, s: u32) -> i64 {
-    match p.position_mode {
-        position_mode::IDS_I32 => load_i32((p.positions as *const i32).add(token as usize)) as i64,
-        position_mode::IDS_I64 => load_i64((p.positions as *const i64).add(token as usize)),
-        position_mode::OFFSETS_I32 => load_i32((p.positions as *const i32).add(b as usize)) as i64 + s as i64,
-        position_mode::OFFSETS_I64 => load_i64((p.positions as *const i64).add(b as usize)).wrapping_add(s as i64),
+pub(crate) unsafe fn position(mode: u32, positions: u64, token: u32, b: u32, s: u32) -> i64 {
+    match mode {
+        position_mode::IDS_I32 => load_i32((positions as *const i32).add(token as usize)) as i64,
+        position_mode::IDS_I64 => load_i64((positions as *const i64).add(token as usize)),
+        position_mode::OFFSETS_I32 => load_i32((positions as *const i32).add(b as usize)) as i64 + s as i64,
+        position_mode::OFFSETS_I64 => load_i64((positions as *const i64).add(b as usize)).wrapping_add(s as i64),
         _ => s as i64,
     }
 }
@@ -250,8 +314,8 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     // The first head's data does not depend on the position: load it before the position
     // (and the table entries that depend on it) arrive.
     let rotating = lane < p.rot_lanes;
-    let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p) } else { [[0; 4]; 2] };
-    let pos = position(p, token, b as u32, s as u32);
+    let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p.half as usize) } else { [[0; 4]; 2] };
+    let pos = position(p.position_mode, p.positions, token, b as u32, s as u32);
     if pos < 0 || pos >= p.max_position as i64 {
         // Skip the token; one thread per token reports it.
         if work == 0 {
@@ -262,7 +326,7 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
         return;
     }
     if rotating {
-        S::rotate::<R>(rows, first, lane as usize, pos as usize, p);
+        S::rotate::<R, F32Table>(rows, first, lane as usize, pos as usize, p);
     } else {
         // Dims past rotary_dim, out of place: copy the bits.
         let i = (2 * p.half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE;

@@ -353,6 +353,23 @@ pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
     v
 }
 
+/// Loads the bits of one read-only element of type `T` at `p` (read-only cache).
+///
+/// # Safety
+/// `p` is a valid, aligned global address not written during the kernel.
+#[inline(always)]
+pub unsafe fn load_elem_nc<T: Elem>(p: *const u8) -> u32 {
+    if T::SIZE == 4 {
+        let v: u32;
+        asm!("ld.global.nc.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+        v
+    } else {
+        let v: u16;
+        asm!("ld.global.nc.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+        v as u32
+    }
+}
+
 /// Loads a read-only global i32.
 ///
 /// # Safety
@@ -382,6 +399,15 @@ pub unsafe fn load_i64(p: *const i64) -> i64 {
 #[inline(always)]
 pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
     asm!("red.global.min.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
+}
+
+/// `atomicMax` on a global u64.
+///
+/// # Safety
+/// As [`atomic_min_u64`].
+#[inline(always)]
+pub unsafe fn atomic_max_u64(p: *mut u64, v: u64) {
+    asm!("red.global.max.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
 }
 
 /// `atomicAdd` on a global u64.

@@ -9,8 +9,9 @@
 //! - [`params`]: one `#[repr(C)]` struct per kernel, passed by value at launch;
 //! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike;
 //! - `gpu` (device only): the few intrinsics the kernels need, standing in for `cuda_std`;
-//! - `entry` (device only): the `extern "ptx-kernel"` entry points, which only map threads
-//!   to work and call into [`math`].
+//! - `entry` (device only): the RoPE `extern "ptx-kernel"` entry points, which only map
+//!   threads to work and call into [`math`];
+//! - `kv` (device only): the KV-cache entry points (fused RoPE + append, and its claims).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, f16))]
 
@@ -21,3 +22,5 @@ pub mod params;
 mod entry;
 #[cfg(target_arch = "nvptx64")]
 mod gpu;
+#[cfg(target_arch = "nvptx64")]
+mod kv;

@@ -92,7 +92,8 @@ impl ErrorRecord {
 
 /// Heads one thread handles (sharing its table entries among them), per kernel: `vector`
 /// for the `_v` kernels, `elem_size` in bytes, `neox` for the style. Host and device both
-/// read it, so the launch geometry matches the kernel.
+/// read it, so the launch geometry matches the kernel. The choices are measured (see
+/// BENCHMARKS.md): 16-bit kernels 8, NeoX f32 1, GPT-J f32 4.
 ///
 /// `ROPE_CUDA_HEADS_PER_THREAD` (1 to 8) at build time overrides it for every `_v` kernel:
 /// a tuning knob for benchmarks, not a setting for users.
@@ -101,7 +102,8 @@ pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize) -> u32
         (false, _, _) => 1,
         _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
         (true, _, 2) => 8,
-        (true, _, _) => 4,
+        (true, true, _) => 1,
+        (true, false, _) => 4,
     }
 }
 
@@ -195,4 +197,93 @@ pub struct RopeParams {
     pub sin_sign: f32,
     /// Tokens per row of the grid (see [`work_item`]).
     pub chunk: u32,
+}
+
+/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}_{v,s}` (library tables),
+/// `kv_gptj_{f16,bf16}_{v,s}_t` (the caller's tables, in the element type) and `kv_claim`.
+///
+/// One launch per step: token `t` (batch `t / seq`) has its position (see `position_mode`)
+/// and a cache slot: `slots[t]` (i64, paged caches; `-1` marks padding), or
+/// `b * block_size + position` (contiguous caches, whose "blocks" are the sequences). Slot
+/// `n` is row `(n / block_size, n % block_size, h)` of each cache, at element offset
+/// `block * cache_strides[0] + (n % block_size) * cache_strides[1] + h * cache_strides[2]`.
+/// The work items of a token (see [`work_item`]) are, in order: q's head groups x
+/// `rot_lanes` (q rotated in place), k's head groups x `k_lanes` (rotated from `k` into the
+/// key cache; the lanes past `rot_lanes` copy the dims past `rotary_dim`), and v's head
+/// groups (as many heads as k) x `v_lanes` (copied into the value cache).
+///
+/// A position outside `0..max_position` skips the whole token (recorded in the first
+/// [`ErrorRecord`] at `error`); a slot outside `0..num_slots` other than `-1` skips the cache
+/// writes (recorded in the second). When several tokens target one slot, the last one
+/// writes: with `owner == 0` each writer scans the later tokens' slots; otherwise `kv_claim`
+/// has stored, for each slot, `epoch << 32 | t` of its last token in the u64 array at
+/// `owner`, and a token writes only if it finds itself there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvParams {
+    /// The queries, rotated in place (`heads == 0`: none).
+    pub q: HeadsView,
+    /// The new keys (`input`; `output` unused).
+    pub k: HeadsView,
+    /// The new values (`input`; `output` unused), as many heads as `k`.
+    pub v: HeadsView,
+    /// Device address of the key cache.
+    pub k_cache: u64,
+    /// Device address of the value cache (same layout as the key cache).
+    pub v_cache: u64,
+    /// Element strides of the caches' block, slot-in-block and head axes.
+    pub cache_strides: [u64; 3],
+    /// Device address of the i64 slot mapping; 0 for contiguous caches.
+    pub slots: u64,
+    /// Device address of the u64 owner array (one per slot); 0: scan for duplicates.
+    pub owner: u64,
+    /// Cosine table, `[max_position, half]`.
+    pub cos: u64,
+    /// Sine table.
+    pub sin: u64,
+    /// Cosine residuals (library tables only).
+    pub cos_lo: u64,
+    /// Sine residuals (library tables only).
+    pub sin_lo: u64,
+    /// Device address of the positions (see `position_mode`).
+    pub positions: u64,
+    /// Device address of two [`ErrorRecord`]s: positions, then slots.
+    pub error: u64,
+    /// Number of slots: `num_blocks * block_size`.
+    pub num_slots: u64,
+    /// Number of tokens, `batch * seq`.
+    pub tokens: u32,
+    /// New tokens per sequence.
+    pub seq: u32,
+    /// Half the rotary dimension.
+    pub half: u32,
+    /// Rotating lanes per head.
+    pub rot_lanes: u32,
+    /// Lanes per key head: `rot_lanes` plus the copying lanes past `rotary_dim`.
+    pub k_lanes: u32,
+    /// Lanes per value head.
+    pub v_lanes: u32,
+    /// Slots per block (contiguous caches: the cache's sequence length).
+    pub block_size: u32,
+    /// Positions are valid in `0..max_position`.
+    pub max_position: u32,
+    /// One of [`position_mode`]'s constants.
+    pub position_mode: u32,
+    /// Tag of this call's claims in the owner array.
+    pub epoch: u32,
+    /// Tokens per grid row (see [`work_item`]).
+    pub chunk: u32,
+    /// Keeps the layout free of implicit padding.
+    pub _pad: u32,
+}
+
+/// Heads one thread of a KV-cache kernel handles (see [`heads_per_thread`]) in its `_v`
+/// entry point (the `_d` and `_s` ones take 1). GPT-J `_v` kernels take 1 too: with more,
+/// LLVM keeps their lane arrays in local memory inside this larger kernel.
+pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize) -> u32 {
+    match (vector, gptj, elem_size) {
+        (false, _, _) | (_, true, _) => 1,
+        (true, false, 2) => 8,
+        (true, false, _) => 4,
+    }
 }

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --example rope            # everything
 //! cargo run --release --example rope -- --models # only the model-shaped rows
+//! cargo run --release --example rope -- --kv     # only the KV-cache rows
 //! ```
 
 use std::process::ExitCode;
@@ -52,8 +53,12 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let kernels = Kernels::load()?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let mut rows = Vec::new();
+    let flag = |f: &str| std::env::args().any(|a| a == f);
+    if flag("--kv") {
+        return kv::run(&kernels, &stream);
+    }
     // `--models`: only the model-shaped rows (for comparing builds).
-    if !std::env::args().any(|a| a == "--models") {
+    if !flag("--models") {
         for (shape, runs) in [([4, 8, 256, 64], 500), ([16, 32, 4096, 128], 50)] {
             rows.extend(case(&kernels, &stream, shape, runs)?);
         }
@@ -93,8 +98,13 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         "accuracy: {} (f32: relative error <= {REL_TOL:e}; f16/bf16: the error column is the worst ulps, <= 1)",
         if ok { "ok" } else { "FAILED" }
     );
+    if !flag("--models") {
+        ok &= kv::run(&kernels, &stream)?;
+    }
     Ok(ok)
 }
+
+mod kv;
 
 /// Checks and times one shape, out of place and in place.
 fn case(

@@ -1,0 +1,265 @@
+//! The KV-cache rows of the example: the reference update, a decode step and a prefill chunk,
+//! each checked on a sample, then timed (CUDA events, median of many runs) next to a
+//! device-to-device copy measured in the same run.
+
+use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::stream::Stream;
+use half::bf16;
+use rope_cuda::bench::{copy_d2d, time_batched, time_op, Timing};
+use rope_cuda::reference::{rope_row, uniform, RefElem};
+use rope_cuda::{
+    DType, Direction, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor,
+    TensorMut,
+};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct KvRow {
+    name: &'static str,
+    what: String,
+    op: Timing,
+    /// The copy yardstick and the bytes both move, or a second operation to compare with.
+    against: Against,
+    ulps: u64,
+}
+
+enum Against {
+    Copy(Timing, u64),
+    Baseline(&'static str, Timing),
+}
+
+fn upload(host: &[bf16]) -> Res<DeviceBuffer<bf16>> {
+    Ok(DeviceBuffer::from_slice(host)?)
+}
+
+fn seeded(tensor: u64, n: usize) -> Vec<bf16> {
+    (0..n as u64).map(|i| bf16::from_f32(uniform(21, tensor, i))).collect()
+}
+
+fn download(dev: &DeviceBuffer<bf16>) -> Res<Vec<bf16>> {
+    let mut h = vec![bf16::ZERO; dev.len()];
+    dev.copy_to(&mut h[..])?;
+    Ok(h)
+}
+
+/// The reference operation, bf16, B=8, S=8192, H=8, D=128, T=16.
+fn reference(kernels: &Kernels, stream: &Stream) -> Res<KvRow> {
+    let (b, t, h, d, s) = (8, 16, 8, 128, 8192);
+    let shape = KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s };
+    let (row, cache_n) = (h * d, b * s * h * d);
+    let positions: Vec<i32> = (0..b * t).map(|i| ((i % t) * 311 + 100 * (i / t)) as i32 % s as i32).collect();
+    let (k_new, v_new) = (seeded(0, b * t * row), seeded(1, b * t * row));
+    let angle = |p: usize, i: usize| p as f64 / 10_000f64.powf(2.0 * i as f64 / d as f64);
+    let cos: Vec<bf16> = (0..s * d / 2).map(|j| bf16::round(angle(j / (d / 2), j % (d / 2)).cos())).collect();
+    let sin: Vec<bf16> = (0..s * d / 2).map(|j| bf16::round(angle(j / (d / 2), j % (d / 2)).sin())).collect();
+    let cache_k = seeded(2, cache_n);
+    let (dk, dv, dc, ds, dck) = (upload(&k_new)?, upload(&v_new)?, upload(&cos)?, upload(&sin)?, upload(&cache_k)?);
+    let dcv = upload(&seeded(3, cache_n))?;
+    let dp = DeviceBuffer::from_slice(&positions)?;
+    let mut out = upload(&vec![bf16::from_bits(0x7FA5); 2 * cache_n])?;
+    let update = KvUpdate::new(kernels)?;
+    update.update_kv_cache(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &dp, &mut out, stream)?;
+    update.check_errors(stream)?;
+    // Check: every targeted key row of sequence 3 within 1 ulp, one untouched row exact.
+    let host = download(&out)?;
+    let mut ulps = 0;
+    for tok in 3 * t..4 * t {
+        let p = positions[tok] as usize;
+        for hh in 0..h {
+            let at = ((3 * s + p) * h + hh) * d;
+            for j in 0..d / 2 {
+                let (c, sn) = (cos[p * d / 2 + j].to_f64(), sin[p * d / 2 + j].to_f64());
+                let x = &k_new[tok * row + hh * d..];
+                let (x0, x1) = (x[2 * j].to_f64(), x[2 * j + 1].to_f64());
+                ulps = ulps.max(host[at + 2 * j].ulps(bf16::round(x0 * c - x1 * sn)));
+                ulps = ulps.max(host[at + 2 * j + 1].ulps(bf16::round(x1 * c + x0 * sn)));
+            }
+        }
+    }
+    let untouched = (3 * s + 1) * row; // position 1 of sequence 3 is never named
+    ulps = ulps.max(if host[untouched..untouched + row] == cache_k[untouched..untouched + row] { 0 } else { 99 });
+
+    let bytes = (2 * 2 * cache_n * 2) as u64; // both caches read and written
+    let (mut lo, mut hi) = (DeviceBuffer::from_slice(&cache_k)?, DeviceBuffer::from_slice(&cache_k)?);
+    let runs = 50;
+    let copy = time_op(stream, 5, runs, || {
+        copy_d2d(&dck, &mut lo, stream)?;
+        copy_d2d(&dcv, &mut hi, stream)
+    })?;
+    let op = time_op(stream, 5, runs, || {
+        update.update_kv_cache(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &dp, &mut out, stream)
+    })?;
+    Ok(KvRow {
+        name: "reference update",
+        what: "bf16 B8 S8192 H8 D128 T16".into(),
+        op,
+        against: Against::Copy(copy, bytes),
+        ulps,
+    })
+}
+
+/// A step over a paged cache (blocks of 16): `seqs` sequences of `new` tokens each, 32 q and
+/// 8 kv heads of 128, bf16, NeoX, each sequence's tokens appended after `context` cached ones.
+/// Returns the fused launch, and either RoPE followed by a separate append (`decode`) or a
+/// copy of the bytes the step moves.
+fn step(
+    kernels: &Kernels,
+    stream: &Stream,
+    seqs: usize,
+    new: usize,
+    decode: bool,
+    extra: &mut Vec<KvRow>,
+) -> Res<KvRow> {
+    let (hq, hk, d, bs, context) = (32, 8, 128, 16, 2048);
+    let tokens = seqs * new;
+    let blocks_per_seq = (context + new).div_ceil(bs);
+    let blocks = seqs * blocks_per_seq;
+    let cache_layout = Layout::bshd(blocks, bs, hk, d);
+    let rope = Rope::new(kernels, RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?;
+    // Sequence i owns blocks i * blocks_per_seq ..; its token j is at position context + j.
+    let positions: Vec<i32> = (0..tokens).map(|t| (context + t % new) as i32).collect();
+    let slots: Vec<i64> = (0..tokens)
+        .map(|t| {
+            let (i, pos) = (t / new, context + t % new);
+            ((i * blocks_per_seq + pos / bs) * bs + pos % bs) as i64
+        })
+        .collect();
+    let (qh, kh, vh) = (seeded(10, tokens * hq * d), seeded(11, tokens * hk * d), seeded(12, tokens * hk * d));
+    let (mut dq, dk, dv) = (upload(&qh)?, upload(&kh)?, upload(&vh)?);
+    let cache_n = blocks * bs * hk * d;
+    let (mut kc, mut vc) = (upload(&seeded(13, cache_n))?, upload(&seeded(14, cache_n))?);
+    let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
+    let (ql, kl) = (Layout::bshd(seqs, new, hq, d), Layout::bshd(seqs, new, hk, d));
+    let pos = Positions::Ids(&dpos);
+
+    // Check once: q and the key rows of a sample of tokens within 1 ulp.
+    {
+        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+        let mut q = TensorMut::new(&mut dq, ql);
+        rope.append_kv(
+            Some(&mut q),
+            &Tensor::new(&dk, kl),
+            &Tensor::new(&dv, kl),
+            &mut cache,
+            pos,
+            Some(&dslots),
+            stream,
+        )?;
+        rope.check_errors(stream)?;
+    }
+    let (q_out, k_cache) = (download(&dq)?, download(&kc)?);
+    let mut ulps = 0;
+    for t in (0..tokens).step_by(7) {
+        let p = positions[t] as f64;
+        for (src, heads, out, at) in [(&qh, hq, &q_out, t * hq * d), (&kh, hk, &k_cache, slots[t] as usize * hk * d)] {
+            for hh in 0..heads {
+                let x: Vec<f64> = src[(t * heads + hh) * d..][..d].iter().map(|v| v.to_f64()).collect();
+                let y = rope_row(&x, p, 500_000.0, d, RopeStyle::NeoX, Direction::Forward);
+                for (j, want) in y.into_iter().enumerate() {
+                    ulps = ulps.max(out[at + hh * d + j].ulps(bf16::round(want)));
+                }
+            }
+        }
+    }
+    // Timing rotates q again and again; the values do not matter for speed.
+    let runs = 200;
+    let fused = |dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
+        let mut cache = KvCache::paged(kc, vc, cache_layout);
+        let mut q = TensorMut::new(dq, ql);
+        rope.append_kv(
+            Some(&mut q),
+            &Tensor::new(&dk, kl),
+            &Tensor::new(&dv, kl),
+            &mut cache,
+            pos,
+            Some(&dslots),
+            stream,
+        )
+    };
+    let op = time_op(stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
+    let against = if decode {
+        // RoPE on q and k in place, then the append as its own launch (which rotates k once
+        // more: the same work as a plain append plus a few FMAs).
+        let mut dk2 = upload(&kh)?;
+        let base = time_op(stream, 20, runs, || {
+            let mut q = TensorMut::new(&mut dq, ql);
+            let mut k = TensorMut::new(&mut dk2, kl);
+            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
+            let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+            rope.append_kv(None, &Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos, Some(&dslots), stream)
+        })?;
+        let rope_alone = time_op(stream, 20, runs, || {
+            let mut q = TensorMut::new(&mut dq, ql);
+            let mut k = TensorMut::new(&mut dk2, kl);
+            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)
+        })?;
+        // Back to back, 20 per timed run: the device's time per step, without the host's
+        // time to queue a lone call.
+        let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
+        let batched_base = time_batched(stream, 20, 50, 20, || {
+            let mut q = TensorMut::new(&mut dq, ql);
+            let mut k = TensorMut::new(&mut dk2, kl);
+            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
+            let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+            rope.append_kv(None, &Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos, Some(&dslots), stream)
+        })?;
+        extra.push(KvRow {
+            name: "decode, back to back",
+            what: format!("bf16 {seqs}x{new} tok, 20 steps queued"),
+            op: batched,
+            against: Against::Baseline("RoPE, then append", batched_base),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "decode step, RoPE only",
+            what: format!("bf16 {seqs}x{new} tok 32/8 h d128 (q, k)"),
+            op: rope_alone,
+            against: Against::Baseline("fused step", op),
+            ulps: 0,
+        });
+        Against::Baseline("RoPE, then append", base)
+    } else {
+        // q read and written; k and v read; k and v written into the cache: a copy of half
+        // that many elements moves the same bytes.
+        let accesses = tokens * (2 * hq + 4 * hk) * d;
+        let src = upload(&seeded(15, accesses / 2))?;
+        let mut dst = upload(&seeded(16, accesses / 2))?;
+        let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+        Against::Copy(copy, (2 * accesses) as u64)
+    };
+    let name = if decode { "decode step, fused" } else { "prefill chunk, fused" };
+    Ok(KvRow { name, what: format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16"), op, against, ulps })
+}
+
+/// Runs, checks and prints the KV rows; `Ok(false)` if a check failed.
+pub fn run(kernels: &Kernels, stream: &Stream) -> Res<bool> {
+    let mut rows = vec![reference(kernels, stream)?];
+    let mut extra = Vec::new();
+    rows.push(step(kernels, stream, 64, 1, true, &mut extra)?);
+    rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
+    rows.append(&mut extra);
+    println!();
+    println!(
+        "{:<22} {:<34} {:>10} {:>9} {:>26} {:>8} {:>5}",
+        "kv operation", "shape", "median us", "p90 us", "against", "ratio", "ulps"
+    );
+    let mut ok = true;
+    for r in &rows {
+        let (against, ratio) = match &r.against {
+            Against::Copy(c, bytes) => (
+                format!("copy {:.2} us {:.0} GB/s", c.median_us, c.gb_per_s(*bytes)),
+                format!("{:.1}%", 100.0 * c.median_us / r.op.median_us),
+            ),
+            Against::Baseline(name, b) => {
+                (format!("{name} {:.2} us", b.median_us), format!("{:.2}x", b.median_us / r.op.median_us))
+            }
+        };
+        ok &= r.ulps <= 1;
+        println!(
+            "{:<22} {:<34} {:>10.2} {:>9.2} {:>26} {:>8} {:>5}",
+            r.name, r.what, r.op.median_us, r.op.p90_us, against, ratio, r.ulps
+        );
+    }
+    println!("kv accuracy: {} (worst ulps of the sampled outputs, <= 1)", if ok { "ok" } else { "FAILED" });
+    Ok(ok)
+}
