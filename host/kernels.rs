@@ -17,10 +17,9 @@ pub(crate) struct Functions {
     /// `rope_{style}_{dtype}_{s,v}`, indexed `[style][dtype][vector]` in the order of
     /// [`ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte.
     pub rope: [[[cuda::CUfunction; 2]; 3]; 2],
-    /// `kv_{style}_{dtype}_{s,v,d}`, indexed `[style][dtype][width]` in the order of
-    /// [`KV_ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte, 16-byte one head
-    /// per thread.
-    pub kv: [[[cuda::CUfunction; 3]; 3]; 2],
+    /// `kv_{style}_{dtype}_{s,v,d,p}`, indexed `[style][dtype][width]` in the order of
+    /// [`KV_ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; the widths of `kv::Width`.
+    pub kv: [[[cuda::CUfunction; 4]; 3]; 2],
     /// `kv_gptj_{f16,bf16}_{s,v}_t`: GPT-J with the caller's tables in the element type.
     pub kv_elem_table: [[cuda::CUfunction; 2]; 2],
     /// `kv_claim`.
@@ -58,7 +57,7 @@ impl Kernels {
         for (slot, name) in slots.zip(ENTRY_POINTS) {
             *slot = function(name)?;
         }
-        let mut kv = [[[std::ptr::null_mut(); 3]; 3]; 2];
+        let mut kv = [[[std::ptr::null_mut(); 4]; 3]; 2];
         for (slot, name) in kv.iter_mut().flatten().flatten().zip(KV_ENTRY_POINTS) {
             *slot = function(name)?;
         }
@@ -129,21 +128,27 @@ pub const KV_ENTRY_POINTS: &[&str] = &[
     "kv_neox_f32_s",
     "kv_neox_f32_v",
     "kv_neox_f32_d",
+    "kv_neox_f32_p",
     "kv_neox_f16_s",
     "kv_neox_f16_v",
     "kv_neox_f16_d",
+    "kv_neox_f16_p",
     "kv_neox_bf16_s",
     "kv_neox_bf16_v",
     "kv_neox_bf16_d",
+    "kv_neox_bf16_p",
     "kv_gptj_f32_s",
     "kv_gptj_f32_v",
     "kv_gptj_f32_d",
+    "kv_gptj_f32_p",
     "kv_gptj_f16_s",
     "kv_gptj_f16_v",
     "kv_gptj_f16_d",
+    "kv_gptj_f16_p",
     "kv_gptj_bf16_s",
     "kv_gptj_bf16_v",
     "kv_gptj_bf16_d",
+    "kv_gptj_bf16_p",
 ];
 
 /// The KV-cache entry points reading the caller's tables (GPT-J, 16-bit).

@@ -22,7 +22,7 @@ pub const KV_SCAN_MAX_TOKENS: usize = 256;
 
 /// Calls with at most this many tokens use one head per thread (more threads, shorter
 /// chains: latency); larger calls share each table load across several heads (bandwidth).
-const KV_DECODE_MAX_TOKENS: usize = 8192;
+const KV_PREFILL_MAX_TOKENS: usize = 8192;
 
 /// A key cache and a value cache of one layout, written by [`Rope::append_kv`].
 ///
@@ -97,6 +97,10 @@ pub struct RawKvArgs {
     pub slots: Option<(u64, usize)>,
 }
 
+// The reference operation launches the scanning kernels whatever width `plan_kv` chose: one
+// head per thread in every GPT-J kernel keeps the geometry the same.
+const _: () = assert!(kv_heads_per_thread(true, true, 2) == 1 && kv_heads_per_thread(true, true, 4) == 1);
+
 /// What the launch needs from the configuration (a [`Rope`]'s, or the reference op's).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KvSpec {
@@ -110,9 +114,14 @@ pub(crate) struct KvSpec {
 /// Kernel widths, the index into `Functions::kv`'s last axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Width {
+    /// Element by element; duplicates scanned or claimed.
     Scalar = 0,
+    /// 16 bytes, several heads per thread; claimed.
     Vector = 1,
+    /// 16 bytes, one head per thread; scanned (few tokens).
     Decode = 2,
+    /// 16 bytes, one head per thread; claimed.
+    Prefill = 3,
 }
 
 /// A validated KV launch, without the addresses of the tables, records and owner array.
@@ -292,9 +301,11 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         (true, RopeStyle::GptJ) => (rot / e, e),
         (false, _) => (half, 1),
     };
+    let claim = tokens > KV_SCAN_MAX_TOKENS;
     let width = match vector {
         false => Width::Scalar,
-        true if tokens <= KV_DECODE_MAX_TOKENS => Width::Decode,
+        true if !claim => Width::Decode,
+        true if tokens <= KV_PREFILL_MAX_TOKENS => Width::Prefill,
         true => Width::Vector,
     };
     let g = match width {
@@ -336,7 +347,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         chunk,
         ..Default::default()
     };
-    Ok(Some(KvPlan { params, width, geometry, claim: tokens > KV_SCAN_MAX_TOKENS }))
+    Ok(Some(KvPlan { params, width, geometry, claim }))
 }
 
 impl Rope<'_> {
@@ -578,9 +589,11 @@ impl<'k> KvUpdate<'k> {
         p.error = self.errors.as_device_ptr().as_raw();
         // Duplicates: scanned within each sequence, whatever T (no owner array here).
         let f = &self.kernels.functions;
+        // Kernels that scan (the `_p` and `_v` ones need an owner array).
+        let vector = plan.width != Width::Scalar;
         let function = match T::DTYPE {
-            DType::F32 => f.kv[1][0][plan.width as usize],
-            dt => f.kv_elem_table[dtype_index(dt) - 1][(plan.width != Width::Scalar) as usize],
+            DType::F32 => f.kv[1][0][if vector { Width::Decode } else { Width::Scalar } as usize],
+            dt => f.kv_elem_table[dtype_index(dt) - 1][vector as usize],
         };
         // SAFETY: `plan_kv` checked the views against the lengths above; the table lengths
         // were checked against `S * D / 2`, which covers every position below `S`.
@@ -737,8 +750,8 @@ mod tests {
         assert!(!p.claim);
         let p = call(KV_SCAN_MAX_TOKENS + 1);
         assert!(p.claim);
-        assert_eq!(p.width, Width::Decode);
-        let p = call(KV_DECODE_MAX_TOKENS + 1);
+        assert_eq!(p.width, Width::Prefill);
+        let p = call(KV_PREFILL_MAX_TOKENS + 1);
         assert!(p.claim);
         assert_eq!(p.width, Width::Vector);
     }

@@ -504,9 +504,9 @@ fn append_matrix_bf16() {
     matrix::<bf16>("append_matrix_bf16");
 }
 
-/// Larger calls: scans over many later tokens (160 and 240 tokens), and the multi-head
-/// kernels with the claim path (more than `KV_SCAN_MAX_TOKENS` tokens), with duplicates and
-/// padding.
+/// Larger calls: scans over many later tokens (160 and 240 tokens), the claim path (more
+/// than `KV_SCAN_MAX_TOKENS` tokens) with one head per thread and, past 8192 tokens, with
+/// several; with duplicates and padding.
 #[test]
 fn append_large_calls_and_claims() {
     let Some(g) = gpu("append_large_calls_and_claims") else { return };
@@ -518,6 +518,7 @@ fn append_large_calls_and_claims() {
         (100, CacheKind::PagedNhd(40, 16)),
         (big, CacheKind::PagedHnd(200, 16)),
         (big, CacheKind::Bshd(big + 3)),
+        (2100, CacheKind::PagedNhd(600, 16)),
     ]
     .into_iter()
     .enumerate()

@@ -74,6 +74,12 @@ pub(crate) struct Entries {
 }
 
 impl Entries {
+    /// No entries (for lanes that do not rotate).
+    #[inline(always)]
+    pub(crate) fn none() -> Entries {
+        Entries { c: [0.0; 8], s: [0.0; 8], at: 0 }
+    }
+
     /// Loads `n` entries from pair `i` of the table row of position `pos`.
     #[inline(always)]
     unsafe fn load<B: TableElem>(p: &impl Tables, pos: usize, i: usize, n: usize) -> Entries {
@@ -205,9 +211,18 @@ impl Rows {
 pub(crate) trait Style {
     /// Loads the bits of lane `lane` of head `h` of `rows`.
     unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2];
-    /// Rotates lane `lane` of every head of `rows`, given head 0's data. The next head's loads
-    /// are issued before the current head's stores, so two heads' loads are in flight.
-    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables);
+    /// Loads the table entries of lane `lane` at position `pos`.
+    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: &impl Tables) -> Entries;
+    /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data.
+    /// The next head's loads are issued before the current head's stores, so two heads' loads
+    /// are in flight.
+    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: &impl Tables);
+    /// [`Style::entries`], then [`Style::apply`].
+    #[inline(always)]
+    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables) {
+        let t = Self::entries::<R, B>(lane, pos, p);
+        Self::apply::<R, B>(rows, first, lane, &t, p)
+    }
 }
 
 /// Rotate-half: pair `i` is `(x[i], x[i + half])`; a lane takes `E` pairs.
@@ -223,17 +238,21 @@ impl Style for NeoX {
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables) {
+    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: &impl Tables) -> Entries {
+        Entries::load::<B>(p, pos, lane * R::E, R::E)
+    }
+
+    #[inline(always)]
+    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: &impl Tables) {
         let half = p.half() as usize;
         let i = lane * R::E;
         let (lo, hi) = (i * R::SIZE, (i + half) * R::SIZE);
-        let t = Entries::load::<B>(p, pos, i, R::E);
         let mut cur = first;
         for h in 0..rows.count {
             let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, half) } else { cur };
             let mut y = [[0u32; 4]; 2];
             let reload = || Self::load::<R>(&rows, h, lane, half);
-            rotate_lane::<R, B>(&t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload);
+            rotate_lane::<R, B>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload);
             R::store_raw(rows.dst(h, lo), y[0]);
             R::store_raw(rows.dst(h, hi), y[1]);
             cur = next;
@@ -248,15 +267,19 @@ impl Style for GptJ {
     }
 
     #[inline(always)]
-    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: &impl Tables) {
+    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: &impl Tables) -> Entries {
+        Entries::load::<B>(p, pos, lane * R::E / 2, R::E / 2)
+    }
+
+    #[inline(always)]
+    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: &impl Tables) {
         let i = lane * R::E;
-        let t = Entries::load::<B>(p, pos, i / 2, R::E / 2);
         let mut cur = first;
         for h in 0..rows.count {
             let next = if h + 1 < rows.count { Self::load::<R>(&rows, h + 1, lane, 0) } else { cur };
             let mut y = [[0u32; 4]; 2];
             let reload = || Self::load::<R>(&rows, h, lane, 0);
-            rotate_lane::<R, B>(&t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
+            rotate_lane::<R, B>(t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload);
             R::store_raw(rows.dst(h, i * R::SIZE), y[0]);
             cur = next;
         }

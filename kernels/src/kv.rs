@@ -1,7 +1,7 @@
 //! KV-cache entry points: RoPE on the new keys (and optionally the queries) and the append
 //! of keys and values into a contiguous or paged cache, in one launch (see [`KvParams`]).
 
-use crate::entry::{position, ElemTable, F32Table, GptJ, NeoX, Rows, Style, TableElem, Tables};
+use crate::entry::{position, ElemTable, Entries, F32Table, GptJ, NeoX, Rows, Style, TableElem, Tables};
 use crate::gpu::{
     atomic_add_u64, atomic_max_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, thread_idx, Bf16, Io,
     One, Two, Vec16, F16, F32,
@@ -82,10 +82,10 @@ unsafe fn target(p: &KvParams, t: u32) -> Option<u64> {
 }
 
 /// Whether a token after `t` (position `pos`) writes slot `n` (then `t` must not: the last
-/// token wins).
+/// token wins). Without `SCAN`, only the owner array is consulted (the host passes one).
 #[inline(always)]
-unsafe fn superseded(p: &KvParams, t: u32, n: u64, pos: u32) -> bool {
-    if p.owner != 0 {
+unsafe fn superseded<const SCAN: bool>(p: &KvParams, t: u32, n: u64, pos: u32) -> bool {
+    if !SCAN || p.owner != 0 {
         let mine = (p.epoch as u64) << 32 | t as u64;
         // Written by `kv_claim`, the previous launch: read-only here.
         return load_i64((p.owner as *const i64).add(n as usize)) as u64 != mine;
@@ -135,14 +135,15 @@ unsafe fn scan(start: u32, end: u32, candidate: impl Fn(u32) -> bool, confirm: i
 }
 
 /// Fused RoPE + KV append for one lane of one head group of one token; `R` moves rotating
-/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread.
+/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. Without `SCAN` the
+/// kernel settles duplicates only through the owner array (the host always passes one).
 ///
 /// # Safety
 /// The host checked every view and both caches against their buffers, the slots and owner
 /// arrays' lengths, that nothing written overlaps anything else the launch touches, the
 /// tables' size, alignment for `R` and `C`, and that the geometry was made with this `G`.
 #[inline(always)]
-unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize>(p: &KvParams) {
+unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const SCAN: bool>(p: &KvParams) {
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let (qi, ki, vi) = (gq * p.rot_lanes, gk * p.k_lanes, gk * p.v_lanes);
     let items = qi + ki + vi;
@@ -193,16 +194,21 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize>(p: &Kv
     let raw = raw_slot(p, t);
     let Some(pos) = checked_position(p, t, qi == 0 && w == 0 && is_k) else { return };
     let Some(n) = slot(p, t, pos, raw, is_k && w == 0) else { return };
-    if superseded(p, t, n, pos) {
+    // Without a scan the table loads overlap the owner check. (Measured: with a scan, loading
+    // them first costs more registers than it saves.)
+    let early = rotating && !SCAN;
+    let entries = if early { S::entries::<R, B>(lane, pos as usize, p) } else { Entries::none() };
+    if superseded::<SCAN>(p, t, n, pos) {
         return;
     }
+    let entries = if rotating && SCAN { S::entries::<R, B>(lane, pos as usize, p) } else { entries };
     let block = n as u32 / p.block_size;
     let within = n as u32 % p.block_size;
     let row = block as u64 * p.cache_strides[0] + within as u64 * p.cache_strides[1] + h0 * p.cache_strides[2];
     let dst = (cache as *mut u8).wrapping_add(row as usize * R::SIZE);
     let rows = Rows { src, dst, src_step, dst_step: p.cache_strides[2] as usize * R::SIZE, count };
     if rotating {
-        S::rotate::<R, B>(rows, first, lane, pos as usize, p);
+        S::apply::<R, B>(rows, first, lane, &entries, p);
     } else {
         // k past rotary_dim, and v: copy the bits.
         let start = if is_k { 2 * half + (lane - p.rot_lanes as usize) * C::E } else { lane * C::E };
@@ -229,9 +235,11 @@ pub unsafe extern "ptx-kernel" fn kv_claim(p: KvParams) {
     }
 }
 
-/// Defines one entry point per (style, dtype, width, tables).
+/// Defines one entry point per (style, dtype, width, tables). `_v`: 16-byte accesses, several
+/// heads per thread, owner array only; `_p`: one head per thread, owner array only; `_d`: one
+/// head per thread, scan or owner array; `_s`: scalar, either.
 macro_rules! kv_kernels {
-    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $table:ty, $g:expr;)*) => {$(
+    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $table:ty, $g:expr, $scan:expr;)*) => {$(
         /// KV-cache entry point; see [`KvParams`] for the mapping and [`kv_append`] for the
         /// contract.
         ///
@@ -240,7 +248,7 @@ macro_rules! kv_kernels {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: KvParams) {
             const G: usize = $g as usize;
-            kv_append::<$style, $rot, $copy, $table, G>(&p)
+            kv_append::<$style, $rot, $copy, $table, G, $scan>(&p)
         }
     )*};
 }
@@ -250,26 +258,32 @@ const V2: u32 = kv_heads_per_thread(true, false, 2);
 const GPTJ: u32 = kv_heads_per_thread(true, true, 2);
 
 kv_kernels! {
-    kv_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, F32Table, V4;
-    kv_neox_f32_d: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1;
-    kv_neox_f32_s: NeoX, One<F32>, One<F32>, F32Table, 1;
-    kv_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, F32Table, V2;
-    kv_neox_f16_d: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1;
-    kv_neox_f16_s: NeoX, One<F16>, One<F16>, F32Table, 1;
-    kv_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, V2;
-    kv_neox_bf16_d: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1;
-    kv_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, F32Table, 1;
-    kv_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, F32Table, GPTJ;
-    kv_gptj_f32_d: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1;
-    kv_gptj_f32_s: GptJ, Two<F32>, One<F32>, F32Table, 1;
-    kv_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, F32Table, GPTJ;
-    kv_gptj_f16_d: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1;
-    kv_gptj_f16_s: GptJ, Two<F16>, One<F16>, F32Table, 1;
-    kv_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, GPTJ;
-    kv_gptj_bf16_d: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1;
-    kv_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, F32Table, 1;
-    kv_gptj_f16_v_t: GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, GPTJ;
-    kv_gptj_f16_s_t: GptJ, Two<F16>, One<F16>, ElemTable<F16>, 1;
-    kv_gptj_bf16_v_t: GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, GPTJ;
-    kv_gptj_bf16_s_t: GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, 1;
+    kv_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, F32Table, V4, false;
+    kv_neox_f32_p: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
+    kv_neox_f32_d: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, true;
+    kv_neox_f32_s: NeoX, One<F32>, One<F32>, F32Table, 1, true;
+    kv_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, F32Table, V2, false;
+    kv_neox_f16_p: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
+    kv_neox_f16_d: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, true;
+    kv_neox_f16_s: NeoX, One<F16>, One<F16>, F32Table, 1, true;
+    kv_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, V2, false;
+    kv_neox_bf16_p: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
+    kv_neox_bf16_d: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, true;
+    kv_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, F32Table, 1, true;
+    kv_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, F32Table, GPTJ, false;
+    kv_gptj_f32_p: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
+    kv_gptj_f32_d: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, true;
+    kv_gptj_f32_s: GptJ, Two<F32>, One<F32>, F32Table, 1, true;
+    kv_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, F32Table, GPTJ, false;
+    kv_gptj_f16_p: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
+    kv_gptj_f16_d: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, true;
+    kv_gptj_f16_s: GptJ, Two<F16>, One<F16>, F32Table, 1, true;
+    kv_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, GPTJ, false;
+    kv_gptj_bf16_p: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
+    kv_gptj_bf16_d: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, true;
+    kv_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, F32Table, 1, true;
+    kv_gptj_f16_v_t: GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, GPTJ, true;
+    kv_gptj_f16_s_t: GptJ, Two<F16>, One<F16>, ElemTable<F16>, 1, true;
+    kv_gptj_bf16_v_t: GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, GPTJ, true;
+    kv_gptj_bf16_s_t: GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, 1, true;
 }
