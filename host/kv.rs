@@ -6,13 +6,13 @@ use std::marker::PhantomData;
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
 use cust::sys as cuda;
-use rope_cuda_kernels::params::{groups, kv_heads_per_thread, position_mode, HeadsView, KvParams};
+use rope_cuda_kernels::params::{groups, kv_heads_per_thread, HeadsView, KvParams};
 
 use crate::config::{DType, RopeStyle};
 use crate::error::{driver, Error, Result};
 use crate::kernels::{launch, Geometry, Kernels};
 use crate::layout::{disjoint, Layout};
-use crate::rope::{dtype_index, flat_geometry, take_errors, Rope, CLEAR_RECORDS};
+use crate::rope::{check_positions, dtype_index, flat_geometry, take_errors, Rope, CLEAR_RECORDS};
 use crate::tensor::{Element, PositionKind, Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
@@ -251,24 +251,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         }
         spec.max_position.min(block_size)
     };
-    let (mode, needed_len, align) = match args.positions.kind {
-        PositionKind::Sequential => (position_mode::SEQUENTIAL, None, 1),
-        PositionKind::IdsI32 => (position_mode::IDS_I32, Some(tokens), 4),
-        PositionKind::IdsI64 => (position_mode::IDS_I64, Some(tokens), 8),
-        PositionKind::OffsetsI32 => (position_mode::OFFSETS_I32, Some(batch), 4),
-        PositionKind::OffsetsI64 => (position_mode::OFFSETS_I64, Some(batch), 8),
-    };
-    match needed_len {
-        None if seq > max_position => return Err(Error::MaxPosition { needed: seq, max_position }),
-        Some(n) if n != args.positions.len => {
-            let shape = if mode >= position_mode::OFFSETS_I32 { vec![batch] } else { vec![batch, seq] };
-            return Err(Error::Length { what: "positions", shape, expected: n, got: args.positions.len });
-        }
-        Some(_) if args.positions.ptr % align != 0 => {
-            return Err(Error::Alignment { what: "positions", address: args.positions.ptr, align: align as usize });
-        }
-        _ => {}
-    }
+    let mode = check_positions(&args.positions, batch, seq, max_position)?;
     let q_heads = args.q.map_or(0, |q| q.layout.shape[2]);
     for (what, value, limit) in [
         ("batch * seq", tokens as u64, u32::MAX as u64),

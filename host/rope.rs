@@ -10,7 +10,7 @@ use crate::error::{driver, Error, Result};
 use crate::kernels::{launch, Geometry, Kernels};
 use crate::layout::disjoint;
 use crate::table::RopeTable;
-use crate::tensor::{Element, PositionKind, Positions, RawArgs, RawTensor, Tensor, TensorMut};
+use crate::tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// Threads per block: small blocks leave the fewest registers unused per SM. The build-time
 /// variable `ROPE_CUDA_BLOCK_THREADS` (a multiple of 32 up to 1024) overrides it, a tuning
@@ -325,26 +325,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
 
     let (batch, seq) = (qs[0], qs[1]);
     let tokens = batch.saturating_mul(seq);
-    let (mode, needed_len, align) = match args.positions.kind {
-        PositionKind::Sequential => (position_mode::SEQUENTIAL, None, 1),
-        PositionKind::IdsI32 => (position_mode::IDS_I32, Some(tokens), 4),
-        PositionKind::IdsI64 => (position_mode::IDS_I64, Some(tokens), 8),
-        PositionKind::OffsetsI32 => (position_mode::OFFSETS_I32, Some(batch), 4),
-        PositionKind::OffsetsI64 => (position_mode::OFFSETS_I64, Some(batch), 8),
-    };
-    match needed_len {
-        None if seq > config.max_position => {
-            return Err(Error::MaxPosition { needed: seq, max_position: config.max_position });
-        }
-        Some(n) if n != args.positions.len => {
-            let shape = if n == batch && mode >= position_mode::OFFSETS_I32 { vec![batch] } else { vec![batch, seq] };
-            return Err(Error::Length { what: "positions", shape, expected: n, got: args.positions.len });
-        }
-        Some(_) if args.positions.ptr % align != 0 => {
-            return Err(Error::Alignment { what: "positions", address: args.positions.ptr, align: align as usize });
-        }
-        _ => {}
-    }
+    let mode = check_positions(&args.positions, batch, seq, config.max_position)?;
     for (what, value) in
         [("batch * seq", tokens), ("q heads", qs[2]), ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads()))]
     {
@@ -401,6 +382,30 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
     };
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { params: RopeParams { chunk, ..params }, vector, geometry }))
+}
+
+/// Checks `positions` for `batch` sequences of `seq` tokens against a table of `max_position`
+/// rows (what can be checked without reading them) and returns the kernels' `position_mode`.
+pub(crate) fn check_positions(positions: &RawPositions, batch: usize, seq: usize, max_position: usize) -> Result<u32> {
+    let tokens = batch.saturating_mul(seq);
+    let (mode, needed_len, align) = match positions.kind {
+        PositionKind::Sequential => (position_mode::SEQUENTIAL, None, 1),
+        PositionKind::IdsI32 => (position_mode::IDS_I32, Some(tokens), 4),
+        PositionKind::IdsI64 => (position_mode::IDS_I64, Some(tokens), 8),
+        PositionKind::OffsetsI32 => (position_mode::OFFSETS_I32, Some(batch), 4),
+        PositionKind::OffsetsI64 => (position_mode::OFFSETS_I64, Some(batch), 8),
+    };
+    match needed_len {
+        None if seq > max_position => Err(Error::MaxPosition { needed: seq, max_position }),
+        Some(n) if n != positions.len => {
+            let shape = if mode >= position_mode::OFFSETS_I32 { vec![batch] } else { vec![batch, seq] };
+            Err(Error::Length { what: "positions", shape, expected: n, got: positions.len })
+        }
+        Some(_) if positions.ptr % align != 0 => {
+            Err(Error::Alignment { what: "positions", address: positions.ptr, align: align as usize })
+        }
+        _ => Ok(mode),
+    }
 }
 
 /// The launch geometry of [`RopeParams`]'s thread mapping ([`work_item`]) for a kernel taking

@@ -558,20 +558,16 @@ fn append_out_of_range_is_skipped_and_reported() {
     let pos = upload_t(&[3i32, 100, 5, 6]);
     let slots = upload_t(&[0i64, 1, 64, -1]);
     let l = Layout::bshd(1, 4, 1, d);
-    {
-        let mut cache = KvCache::paged(&mut kc, &mut vc, layout);
-        let mut q = TensorMut::new(&mut dq, l);
-        rope.append_kv(
-            Some(&mut q),
-            &Tensor::new(&k, l),
-            &Tensor::new(&k, l),
-            &mut cache,
-            Positions::Ids(&pos),
-            Some(&slots),
-            &g.stream,
-        )
-        .unwrap();
-    }
+    let append = |pos: &DeviceBuffer<i32>,
+                  kc: &mut DeviceBuffer<f32>,
+                  vc: &mut DeviceBuffer<f32>,
+                  dq: &mut DeviceBuffer<f32>| {
+        let mut cache = KvCache::paged(kc, vc, layout);
+        let mut q = TensorMut::new(dq, l);
+        let (k, ids) = (Tensor::new(&k, l), Positions::Ids(pos));
+        rope.append_kv(Some(&mut q), &k, &k, &mut cache, ids, Some(&slots), &g.stream).unwrap();
+    };
+    append(&pos, &mut kc, &mut vc, &mut dq);
     let err = rope.check_errors(&g.stream);
     assert!(
         matches!(err, Err(Error::PositionOutOfRange { token: 1, position: 100, max_position: 100, count: 1 })),
@@ -590,22 +586,8 @@ fn append_out_of_range_is_skipped_and_reported() {
     );
     // Now only a bad slot.
     let pos = upload_t(&[3i32, 4, 5, 6]);
-    {
-        let mut cache = KvCache::paged(&mut kc, &mut vc, layout);
-        let mut q = TensorMut::new(&mut dq, l);
-        rope.append_kv(
-            Some(&mut q),
-            &Tensor::new(&k, l),
-            &Tensor::new(&k, l),
-            &mut cache,
-            Positions::Ids(&pos),
-            Some(&slots),
-            &g.stream,
-        )
-        .unwrap();
-    }
+    append(&pos, &mut kc, &mut vc, &mut dq);
     let err = rope.check_errors(&g.stream);
     assert!(matches!(err, Err(Error::SlotOutOfRange { token: 2, slot: 64, num_slots: 64, count: 1 })), "{err:?}");
     rope.check_errors(&g.stream).unwrap();
-    let _: DeviceBuffer<f32> = kc;
 }
