@@ -139,8 +139,6 @@ pub(crate) struct KvPlan {
 pub(crate) struct Owners {
     buf: Option<DeviceBuffer<u64>>,
     epoch: u32,
-    /// The number of slots of the last append, for error reports.
-    pub num_slots: u64,
 }
 
 fn check_tensor(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {
@@ -392,9 +390,11 @@ impl Rope<'_> {
         p.cos_lo = self.table.cos_lo.as_device_ptr().as_raw();
         p.sin_lo = self.table.sin_lo.as_device_ptr().as_raw();
         p.error = self.errors.as_device_ptr().as_raw();
-        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        owners.num_slots = p.num_slots;
-        if plan.claim {
+        self.last_num_slots.store(p.num_slots, std::sync::atomic::Ordering::Relaxed);
+        // Held from the claims to the launch that reads them: calls from other threads must
+        // not reuse the epoch or the array in between.
+        let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(owners) = owners.as_mut() {
             let needed = (p.num_slots as usize).max(1);
             if owners.buf.as_ref().is_none_or(|b| b.len() < needed) || owners.epoch == u32::MAX {
                 // Zeroed: epoch 0 is never used, so no stale entry matches.

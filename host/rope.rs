@@ -72,6 +72,8 @@ pub struct Rope<'k> {
     pub(crate) errors: DeviceBuffer<u64>,
     /// The KV append's owner array for large calls, allocated on first use.
     pub(crate) owners: std::sync::Mutex<crate::kv::Owners>,
+    /// The number of cache slots of the last KV append, for slot error reports.
+    pub(crate) last_num_slots: std::sync::atomic::AtomicU64,
 }
 
 impl<'k> Rope<'k> {
@@ -80,7 +82,7 @@ impl<'k> Rope<'k> {
         config.validate()?;
         let table = RopeTable::new(config.rotary_dim, config.base, config.max_position)?;
         let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
-        Ok(Rope { kernels, config, table, errors, owners: Default::default() })
+        Ok(Rope { kernels, config, table, errors, owners: Default::default(), last_num_slots: Default::default() })
     }
 
     /// The configuration.
@@ -188,7 +190,7 @@ impl<'k> Rope<'k> {
 
     /// Reads and clears the error records (the work that wrote them has completed).
     pub(crate) fn take_errors(&self) -> Result<()> {
-        let num_slots = self.owners.lock().map_or(0, |o| o.num_slots);
+        let num_slots = self.last_num_slots.load(std::sync::atomic::Ordering::Relaxed);
         take_errors(&self.errors, self.config.max_position, Some(num_slots))
     }
 }

@@ -132,10 +132,9 @@ fn step(
     let (ql, kl) = (Layout::bshd(seqs, new, hq, d), Layout::bshd(seqs, new, hk, d));
     let pos = Positions::Ids(&dpos);
 
-    // Check once: q and the key rows of a sample of tokens within 1 ulp.
-    {
-        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
-        let mut q = TensorMut::new(&mut dq, ql);
+    let fused = |dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
+        let mut cache = KvCache::paged(kc, vc, cache_layout);
+        let mut q = TensorMut::new(dq, ql);
         rope.append_kv(
             Some(&mut q),
             &Tensor::new(&dk, kl),
@@ -144,9 +143,11 @@ fn step(
             pos,
             Some(&dslots),
             stream,
-        )?;
-        rope.check_errors(stream)?;
-    }
+        )
+    };
+    // Check once: q and the key rows of a sample of tokens within 1 ulp.
+    fused(&mut dq, &mut kc, &mut vc)?;
+    rope.check_errors(stream)?;
     let (q_out, k_cache) = (download(&dq)?, download(&kc)?);
     let mut ulps = 0;
     for t in (0..tokens).step_by(7) {
@@ -163,19 +164,6 @@ fn step(
     }
     // Timing rotates q again and again; the values do not matter for speed.
     let runs = 200;
-    let fused = |dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
-        let mut cache = KvCache::paged(kc, vc, cache_layout);
-        let mut q = TensorMut::new(dq, ql);
-        rope.append_kv(
-            Some(&mut q),
-            &Tensor::new(&dk, kl),
-            &Tensor::new(&dv, kl),
-            &mut cache,
-            pos,
-            Some(&dslots),
-            stream,
-        )
-    };
     let op = time_op(stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
     let against = if decode {
         // RoPE on q and k in place, then the append as its own launch (which rotates k once
