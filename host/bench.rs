@@ -1,11 +1,14 @@
 //! Timing with CUDA events, for the example and the benchmarks (not used by the kernels).
 
+use std::time::Instant;
+
 use cust::event::{Event, EventFlags};
 use cust::memory::DeviceSlice;
 use cust::stream::Stream;
 use cust::sys as cuda;
 
 use crate::error::{driver, Result};
+use crate::kernels::{launch, Geometry, Kernels};
 
 /// Summary of repeated timings of one operation, in microseconds of device time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -26,8 +29,33 @@ impl Timing {
 }
 
 /// Runs `op` `warmup` times, then times each of `runs` runs with a pair of CUDA events on
-/// `stream`, and returns the median and 90th percentile.
-pub fn time_op(stream: &Stream, warmup: usize, runs: usize, mut op: impl FnMut() -> Result<()>) -> Result<Timing> {
+/// `stream`, and returns the median and 90th percentile. The host queues `op` between the
+/// events, so an operation shorter than its own queueing counts the host's time too (as a
+/// caller that launches and waits sees it); [`time_device`] leaves that out.
+pub fn time_op(stream: &Stream, warmup: usize, runs: usize, op: impl FnMut() -> Result<()>) -> Result<Timing> {
+    timed(stream, warmup, runs, || Ok(()), op)
+}
+
+/// Like [`time_op`], but before each timed run the stream spins on the device long enough for
+/// the host to queue the run: the events then measure the device's time alone, launch
+/// latency included (what a step costs inside a busy stream).
+pub fn time_device(
+    kernels: &Kernels,
+    stream: &Stream,
+    warmup: usize,
+    runs: usize,
+    op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    timed(stream, warmup, runs, || spin(kernels, stream, 200_000), op)
+}
+
+fn timed(
+    stream: &Stream,
+    warmup: usize,
+    runs: usize,
+    mut before: impl FnMut() -> Result<()>,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
     assert!(runs > 0, "time_op: runs must be positive");
     for _ in 0..warmup {
         op()?;
@@ -36,15 +64,57 @@ pub fn time_op(stream: &Stream, warmup: usize, runs: usize, mut op: impl FnMut()
     let mut times = Vec::with_capacity(runs);
     let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
     for _ in 0..runs {
+        before()?;
         start.record(stream)?;
         op()?;
         stop.record(stream)?;
         stop.synchronize()?;
         times.push(stop.elapsed_time_f32(&start)? as f64 * 1e3);
     }
+    Ok(summary(times))
+}
+
+fn summary(mut times: Vec<f64>) -> Timing {
     times.sort_by(f64::total_cmp);
     let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
-    Ok(Timing { median_us: at(0.5), p90_us: at(0.9), runs })
+    Timing { median_us: at(0.5), p90_us: at(0.9), runs: times.len() }
+}
+
+/// Queues a one-thread kernel that spins for `ns` nanoseconds on `stream`.
+pub fn spin(kernels: &Kernels, stream: &Stream, ns: u64) -> Result<()> {
+    let g = Geometry { grid: (1, 1), block: (1, 1) };
+    // SAFETY: `bench_spin` takes one u64 and touches no memory.
+    unsafe { launch(kernels.functions.bench[1], g, 0, &ns, stream.as_inner()) }
+}
+
+/// Queues an empty kernel of `blocks` blocks of 128 threads on `stream`: the launch's own
+/// cost.
+pub fn empty(kernels: &Kernels, stream: &Stream, blocks: u32) -> Result<()> {
+    let g = Geometry { grid: (blocks, 1), block: (128, 1) };
+    // SAFETY: `bench_empty` takes no parameter (the unused one is ignored) and does nothing.
+    unsafe { launch(kernels.functions.bench[0], g, 0, &0u64, stream.as_inner()) }
+}
+
+/// The host's time to queue one call of `op`, in microseconds (median of `runs` batches of
+/// `batch` calls queued behind a spin, so the stream never pushes back).
+pub fn host_time(
+    kernels: &Kernels,
+    stream: &Stream,
+    runs: usize,
+    batch: usize,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        spin(kernels, stream, 100_000 + 20_000 * batch as u64)?;
+        let t = Instant::now();
+        for _ in 0..batch {
+            op()?;
+        }
+        times.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+        stream.synchronize()?;
+    }
+    Ok(summary(times))
 }
 
 /// Like [`time_op`], but each timed run queues `batch` back-to-back calls of `op` between one

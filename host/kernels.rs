@@ -24,6 +24,8 @@ pub(crate) struct Functions {
     pub kv_elem_table: [[cuda::CUfunction; 2]; 2],
     /// `kv_claim`.
     pub kv_claim: cuda::CUfunction,
+    /// `bench_empty` and `bench_spin`, for [`crate::bench`].
+    pub bench: [cuda::CUfunction; 2],
 }
 
 /// The loaded kernel module of one CUDA context.
@@ -65,7 +67,8 @@ impl Kernels {
         for (slot, name) in kv_elem_table.iter_mut().flatten().zip(KV_ELEM_TABLE_ENTRY_POINTS) {
             *slot = function(name)?;
         }
-        let functions = Functions { rope, kv, kv_elem_table, kv_claim: function("kv_claim")? };
+        let bench = [function(BENCH_ENTRY_POINTS[0])?, function(BENCH_ENTRY_POINTS[1])?];
+        let functions = Functions { rope, kv, kv_elem_table, kv_claim: function("kv_claim")?, bench };
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
         driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
@@ -85,7 +88,8 @@ pub(crate) struct Geometry {
     pub block: (u32, u32),
 }
 
-/// Launches `function` with `params` as its one by-value parameter.
+/// Launches `function` with `params` as its one by-value parameter and `shared_bytes` of
+/// dynamic shared memory.
 ///
 /// # Safety
 /// `params` is the struct `function` expects, and every address in it is valid for what the
@@ -93,6 +97,7 @@ pub(crate) struct Geometry {
 pub(crate) unsafe fn launch<P>(
     function: cuda::CUfunction,
     geometry: Geometry,
+    shared_bytes: u32,
     params: &P,
     stream: cuda::CUstream,
 ) -> Result<()> {
@@ -101,7 +106,19 @@ pub(crate) unsafe fn launch<P>(
     let (bx, by) = geometry.block;
     driver(
         "cuLaunchKernel",
-        cuda::cuLaunchKernel(function, gx, gy, 1, bx, by, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()),
+        cuda::cuLaunchKernel(
+            function,
+            gx,
+            gy,
+            1,
+            bx,
+            by,
+            1,
+            shared_bytes,
+            stream,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ),
     )
 }
 
@@ -150,6 +167,9 @@ pub const KV_ENTRY_POINTS: &[&str] = &[
     "kv_gptj_bf16_d",
     "kv_gptj_bf16_p",
 ];
+
+/// The benchmarks' entry points: an empty kernel and a spin ([`crate::bench`]).
+pub const BENCH_ENTRY_POINTS: &[&str] = &["bench_empty", "bench_spin"];
 
 /// The KV-cache entry points reading the caller's tables (GPT-J, 16-bit).
 pub const KV_ELEM_TABLE_ENTRY_POINTS: &[&str] =

@@ -17,7 +17,8 @@ use crate::tensor::{Element, PositionKind, Positions, RawPositions, RawTensor, T
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
 /// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls
-/// (decode steps) scan the later tokens' slots inside the one launch.
+/// (decode steps) settle them inside the one launch: each block compares its tokens' slots
+/// with the later tokens' in shared memory.
 pub const KV_SCAN_MAX_TOKENS: usize = 256;
 
 /// Calls with at most this many tokens use one head per thread (more threads, shorter
@@ -139,6 +140,40 @@ pub(crate) struct KvPlan {
 pub(crate) struct Owners {
     buf: Option<DeviceBuffer<u64>>,
     epoch: u32,
+}
+
+impl Owners {
+    /// Queues `kv_claim` for `p`'s tokens and points `p` at the owner array, which grows to
+    /// `p.num_slots` when short. Hold the lock until the launch that reads the claims is
+    /// queued: calls from other threads must not reuse the epoch or the array in between.
+    ///
+    /// # Safety
+    /// `plan_kv` made `p`: its positions and slots are valid for `p.tokens` tokens.
+    unsafe fn claim(&mut self, kernels: &Kernels, p: &mut KvParams, stream: cuda::CUstream) -> Result<()> {
+        let needed = (p.num_slots as usize).max(1);
+        if self.buf.as_ref().is_none_or(|b| b.len() < needed) || self.epoch == u32::MAX {
+            // Zeroed: epoch 0 is never used, so no stale entry matches.
+            self.buf = Some(DeviceBuffer::zeroed(needed)?);
+            self.epoch = 0;
+        }
+        self.epoch += 1;
+        p.epoch = self.epoch;
+        p.owner = self.buf.as_ref().map_or(0, |b| b.as_device_ptr().as_raw());
+        let g = Geometry { grid: (p.tokens.div_ceil(128), 1), block: (128, 1) };
+        // SAFETY: one thread per token; the owner array holds `num_slots` entries.
+        launch(kernels.functions.kv_claim, g, 0, p, stream)
+    }
+}
+
+/// Launches KV kernel `f`: with the dynamic shared memory of the block-wide scan when `p`
+/// has no owner array.
+///
+/// # Safety
+/// As [`launch`]; without an owner array, `f` is a scanning kernel and `p.tokens` is at most
+/// [`KV_SCAN_MAX_TOKENS`].
+unsafe fn launch_kv(f: cuda::CUfunction, geometry: Geometry, p: &KvParams, stream: cuda::CUstream) -> Result<()> {
+    let shared = if p.owner == 0 { p.shared_bytes(geometry.block.0) } else { 0 };
+    launch(f, geometry, shared, p, stream)
 }
 
 fn check_tensor(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {
@@ -391,30 +426,18 @@ impl Rope<'_> {
         p.sin_lo = self.table.sin_lo.as_device_ptr().as_raw();
         p.error = self.errors.as_device_ptr().as_raw();
         self.last_num_slots.store(p.num_slots, std::sync::atomic::Ordering::Relaxed);
-        // Held from the claims to the launch that reads them: calls from other threads must
-        // not reuse the epoch or the array in between.
+        // Held from the claims to the launch that reads them.
         let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
         if let Some(owners) = owners.as_mut() {
-            let needed = (p.num_slots as usize).max(1);
-            if owners.buf.as_ref().is_none_or(|b| b.len() < needed) || owners.epoch == u32::MAX {
-                // Zeroed: epoch 0 is never used, so no stale entry matches.
-                owners.buf = Some(DeviceBuffer::zeroed(needed)?);
-                owners.epoch = 0;
-            }
-            owners.epoch += 1;
-            p.epoch = owners.epoch;
-            p.owner = owners.buf.as_ref().map_or(0, |b| b.as_device_ptr().as_raw());
-            let blocks = p.tokens.div_ceil(128);
-            let g = Geometry { grid: (blocks, 1), block: (128, 1) };
-            // SAFETY: one thread per token; the owner array holds `num_slots` entries.
-            launch(self.kernels.functions.kv_claim, g, &p, stream)?;
+            owners.claim(self.kernels, &mut p, stream)?;
         }
         let f = self.kernels.functions.kv[(self.config.style == RopeStyle::GptJ) as usize]
             [dtype_index(self.config.dtype)][plan.width as usize];
         // SAFETY: `plan_kv` checked every view and both caches against their buffers,
         // overlaps, alignment for the width, and the positions' and slots' lengths; the
-        // tables, records and owner array belong to this Rope.
-        launch(f, plan.geometry, &p, stream)?;
+        // tables, records and owner array belong to this Rope; only scanning widths go
+        // without claims, and only up to `KV_SCAN_MAX_TOKENS`.
+        launch_kv(f, plan.geometry, &p, stream)?;
         drop(owners);
         if self.config.checked {
             driver("cuStreamSynchronize", cuda::cuStreamSynchronize(stream))?;
@@ -466,12 +489,15 @@ pub struct KvUpdate<'k> {
     errors: DeviceBuffer<u64>,
     /// `S` of the last call, for error reports.
     cache_len: std::sync::atomic::AtomicUsize,
+    /// Claims of calls with more than [`KV_SCAN_MAX_TOKENS`] tokens.
+    owners: std::sync::Mutex<Owners>,
 }
 
 impl<'k> KvUpdate<'k> {
     /// Allocates the error record, in the current context.
     pub fn new(kernels: &'k Kernels) -> Result<Self> {
-        Ok(KvUpdate { kernels, errors: DeviceBuffer::from_slice(&CLEAR_RECORDS)?, cache_len: Default::default() })
+        let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
+        Ok(KvUpdate { kernels, errors, cache_len: Default::default(), owners: Default::default() })
     }
 
     /// `k_new`, `v_new`: `[B, T, H, D]`; `cos`, `sin`: `[S, D / 2]` (the caller's, in the
@@ -570,17 +596,23 @@ impl<'k> KvUpdate<'k> {
         p.cos = addr(cos);
         p.sin = addr(sin);
         p.error = self.errors.as_device_ptr().as_raw();
-        // Duplicates: scanned within each sequence, whatever T (no owner array here).
         let f = &self.kernels.functions;
-        // Kernels that scan (the `_p` and `_v` ones need an owner array).
+        // The scanning kernels, whatever `plan_kv` chose: they take an owner array too.
         let vector = plan.width != Width::Scalar;
         let function = match T::DTYPE {
             DType::F32 => f.kv[1][0][if vector { Width::Decode } else { Width::Scalar } as usize],
             dt => f.kv_elem_table[dtype_index(dt) - 1][vector as usize],
         };
+        let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
         // SAFETY: `plan_kv` checked the views against the lengths above; the table lengths
-        // were checked against `S * D / 2`, which covers every position below `S`.
-        unsafe { launch(function, plan.geometry, &p, raw_stream) }
+        // were checked against `S * D / 2`, which covers every position below `S`; without
+        // claims, the call has at most `KV_SCAN_MAX_TOKENS` tokens.
+        unsafe {
+            if let Some(owners) = owners.as_mut() {
+                owners.claim(self.kernels, &mut p, raw_stream)?;
+            }
+            launch_kv(function, plan.geometry, &p, raw_stream)
+        }
     }
 
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded

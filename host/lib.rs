@@ -74,7 +74,7 @@ mod tensor;
 
 pub use config::{DType, Direction, RopeConfig, RopeStyle};
 pub use error::{Error, Result};
-pub use kernels::{Kernels, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
+pub use kernels::{Kernels, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
 pub use kv::{KvCache, KvShape, KvUpdate, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
 pub use rope::Rope;

@@ -170,7 +170,7 @@ impl<'k> Rope<'k> {
         // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
         // alignment for the chosen width, and the positions buffer's length; the table and
         // the error record belong to this Rope.
-        launch(function, plan.geometry, &params, stream)?;
+        launch(function, plan.geometry, 0, &params, stream)?;
         if self.config.checked {
             driver("cuStreamSynchronize", cuda::cuStreamSynchronize(stream))?;
             self.take_errors()?;

@@ -119,9 +119,10 @@ fn reference_update_matches_the_seed_loop() {
 }
 
 /// The 16-bit reference operation against the f64 reference on the rounded inputs and tables:
-/// every key within 1 ulp, values and untouched rows bit-exact.
-fn reference_16<T: TestElem>(g: &Gpu, seed: u64) {
-    let (b, t, h, d, s) = (3, 24, 4, 64, 96);
+/// every key within 1 ulp, values and untouched rows bit-exact. `t` new tokens per sequence:
+/// more than `KV_SCAN_MAX_TOKENS` in all take the claim path, with many repeated positions.
+fn reference_16<T: TestElem>(g: &Gpu, seed: u64, t: usize) {
+    let (b, h, d, s) = (3, 4, 64, 96);
     let shape = KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s };
     let row = h * d;
     let mut rng = seed;
@@ -181,8 +182,10 @@ fn reference_16<T: TestElem>(g: &Gpu, seed: u64) {
 fn reference_update_16_bit_within_one_ulp() {
     let Some(g) = gpu("reference_update_16_bit_within_one_ulp") else { return };
     let seed = test_seed("reference_update_16_bit_within_one_ulp");
-    reference_16::<f16>(&g, seed);
-    reference_16::<bf16>(&g, seed ^ 1);
+    for t in [24, KV_SCAN_MAX_TOKENS / 3 + 5] {
+        reference_16::<f16>(&g, seed, t);
+        reference_16::<bf16>(&g, seed ^ 1, t);
+    }
 }
 
 #[test]

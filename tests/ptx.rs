@@ -1,11 +1,17 @@
 //! Checks on the embedded PTX text: what the kernels compiled to. (Registers and spills are
 //! checked with ptxas in `.ci/run`.)
 
-use rope_cuda::{ARCH, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
+use rope_cuda::{ARCH, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
 
 /// Every entry point the host resolves.
 fn all_entry_points() -> impl Iterator<Item = &'static str> {
-    ENTRY_POINTS.iter().chain(KV_ENTRY_POINTS).chain(KV_ELEM_TABLE_ENTRY_POINTS).copied().chain(["kv_claim"])
+    ENTRY_POINTS
+        .iter()
+        .chain(KV_ENTRY_POINTS)
+        .chain(KV_ELEM_TABLE_ENTRY_POINTS)
+        .chain(BENCH_ENTRY_POINTS)
+        .copied()
+        .chain(["kv_claim"])
 }
 
 /// The text of entry point `name`, up to the next entry point.

@@ -5,7 +5,7 @@
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::Stream;
 use half::bf16;
-use rope_cuda::bench::{copy_d2d, time_batched, time_op, Timing};
+use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, Timing};
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::{
     DType, Direction, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor,
@@ -26,6 +26,7 @@ struct KvRow {
 enum Against {
     Copy(Timing, u64),
     Baseline(&'static str, Timing),
+    Nothing,
 }
 
 fn upload(host: &[bf16]) -> Res<DeviceBuffer<bf16>> {
@@ -169,28 +170,37 @@ fn step(
         // RoPE on q and k in place, then the append as its own launch (which rotates k once
         // more: the same work as a plain append plus a few FMAs).
         let mut dk2 = upload(&kh)?;
-        let base = time_op(stream, 20, runs, || {
+        let mut baseline = || {
             let mut q = TensorMut::new(&mut dq, ql);
             let mut k = TensorMut::new(&mut dk2, kl);
             rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
             let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
             rope.append_kv(None, &Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos, Some(&dslots), stream)
-        })?;
-        let rope_alone = time_op(stream, 20, runs, || {
+        };
+        let base = time_op(stream, 20, runs, &mut baseline)?;
+        let base_device = time_device(kernels, stream, 20, runs, &mut baseline)?;
+        // Back to back, 20 per timed run: the device's time per step when the host keeps up.
+        let batched_base = time_batched(stream, 20, 50, 20, &mut baseline)?;
+        let mut dk2 = upload(&kh)?;
+        let rope_alone = time_device(kernels, stream, 20, runs, || {
             let mut q = TensorMut::new(&mut dq, ql);
             let mut k = TensorMut::new(&mut dk2, kl);
             rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)
         })?;
-        // Back to back, 20 per timed run: the device's time per step, without the host's
-        // time to queue a lone call.
+        let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
         let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
-        let batched_base = time_batched(stream, 20, 50, 20, || {
-            let mut q = TensorMut::new(&mut dq, ql);
-            let mut k = TensorMut::new(&mut dk2, kl);
-            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
-            let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
-            rope.append_kv(None, &Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos, Some(&dslots), stream)
-        })?;
+        let host = host_time(kernels, stream, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
+        let blocks = (tokens * (hq + 3 * hk) * d / 16).div_ceil(128) as u32;
+        let empty_eager = time_op(stream, 20, runs, || empty(kernels, stream, blocks))?;
+        let empty_device = time_device(kernels, stream, 20, runs, || empty(kernels, stream, blocks))?;
+        let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16");
+        extra.push(KvRow {
+            name: "decode step, device",
+            what: shape.clone(),
+            op: device,
+            against: Against::Baseline("RoPE, then append", base_device),
+            ulps: 0,
+        });
         extra.push(KvRow {
             name: "decode, back to back",
             what: format!("bf16 {seqs}x{new} tok, 20 steps queued"),
@@ -199,10 +209,24 @@ fn step(
             ulps: 0,
         });
         extra.push(KvRow {
-            name: "decode step, RoPE only",
-            what: format!("bf16 {seqs}x{new} tok 32/8 h d128 (q, k)"),
+            name: "decode, RoPE only",
+            what: format!("{shape}, device"),
             op: rope_alone,
-            against: Against::Baseline("fused step", op),
+            against: Against::Baseline("fused step", device),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "empty kernel",
+            what: format!("{blocks} blocks of 128, eager"),
+            op: empty_eager,
+            against: Against::Baseline("device", empty_device),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "host, queue a step",
+            what: "CPU time of one fused call".into(),
+            op: host,
+            against: Against::Nothing,
             ulps: 0,
         });
         Against::Baseline("RoPE, then append", base)
@@ -215,7 +239,7 @@ fn step(
         let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
         Against::Copy(copy, (2 * accesses) as u64)
     };
-    let name = if decode { "decode step, fused" } else { "prefill chunk, fused" };
+    let name = if decode { "decode step, eager" } else { "prefill chunk, fused" };
     Ok(KvRow { name, what: format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16"), op, against, ulps })
 }
 
@@ -241,6 +265,7 @@ pub fn run(kernels: &Kernels, stream: &Stream) -> Res<bool> {
             Against::Baseline(name, b) => {
                 (format!("{name} {:.2} us", b.median_us), format!("{:.2}x", b.median_us / r.op.median_us))
             }
+            Against::Nothing => ("-".into(), "-".into()),
         };
         ok &= r.ulps <= 1;
         println!(

@@ -31,6 +31,14 @@ pub fn block_dim() -> (u32, u32) {
     unsafe { (nvptx::_block_dim_x() as u32, nvptx::_block_dim_y() as u32) }
 }
 
+/// `__syncthreads()`: waits for every thread of the block, and makes their shared-memory
+/// writes visible to each other.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: every caller reaches it from all threads of the block (no early exit before).
+    unsafe { nvptx::_syncthreads() }
+}
+
 /// Up to 8 values in f32, the widest a lane handles; only the first `E` are meaningful.
 pub type Lane = [f32; 8];
 

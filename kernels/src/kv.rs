@@ -3,10 +3,10 @@
 
 use crate::entry::{position, ElemTable, Entries, F32Table, GptJ, NeoX, Rows, Style, TableElem, Tables};
 use crate::gpu::{
-    atomic_add_u64, atomic_max_u64, atomic_min_u64, block_dim, block_idx, load_i32, load_i64, thread_idx, Bf16, Io,
+    atomic_add_u64, atomic_max_u64, atomic_min_u64, block_dim, block_idx, load_i64, sync_threads, thread_idx, Bf16, Io,
     One, Two, Vec16, F16, F32,
 };
-use crate::params::{groups, kv_heads_per_thread, position_mode, work_item, ErrorRecord, KvParams};
+use crate::params::{groups, kv_heads_per_thread, work_item, ErrorRecord, HeadsView, KvParams};
 
 impl Tables for KvParams {
     #[inline(always)]
@@ -81,67 +81,126 @@ unsafe fn target(p: &KvParams, t: u32) -> Option<u64> {
     }
 }
 
-/// Whether a token after `t` (position `pos`) writes slot `n` (then `t` must not: the last
-/// token wins). Without `SCAN`, only the owner array is consulted (the host passes one).
+/// Whether the owner array names a token other than `t` as the last to write slot `n`.
 #[inline(always)]
-unsafe fn superseded<const SCAN: bool>(p: &KvParams, t: u32, n: u64, pos: u32) -> bool {
-    if !SCAN || p.owner != 0 {
-        let mine = (p.epoch as u64) << 32 | t as u64;
-        // Written by `kv_claim`, the previous launch: read-only here.
-        return load_i64((p.owner as *const i64).add(n as usize)) as u64 != mine;
-    }
-    let confirm = |j: u32| target(p, j) == Some(n);
-    if p.slots != 0 {
-        return scan(t + 1, p.tokens, |j| load_i64((p.slots as *const i64).add(j as usize)) == n as i64, confirm);
-    }
-    // Contiguous caches: only a later token of the same sequence with the same position.
-    // Offsets and sequential positions never repeat within a sequence.
-    let end = (t / p.seq + 1) * p.seq;
-    match p.position_mode {
-        position_mode::IDS_I32 => {
-            scan(t + 1, end, |j| load_i32((p.positions as *const i32).add(j as usize)) == pos as i32, confirm)
-        }
-        position_mode::IDS_I64 => {
-            scan(t + 1, end, |j| load_i64((p.positions as *const i64).add(j as usize)) == pos as i64, confirm)
-        }
-        _ => false,
-    }
+unsafe fn not_owner(p: &KvParams, t: u32, n: u64) -> bool {
+    let mine = (p.epoch as u64) << 32 | t as u64;
+    // Written by `kv_claim`, the previous launch: read-only here.
+    load_i64((p.owner as *const i64).add(n as usize)) as u64 != mine
 }
 
-/// Whether some `j` in `start..end` has `candidate(j) && confirm(j)`. Candidates are tested
-/// sixteen at a time with independent loads (a chain of one load per token would cost a
-/// cache round trip per token); `confirm`, the full check, runs only on candidates.
+/// What the block-wide scan of the scanning kernels leaves in shared memory (see
+/// [`KvParams::shared_bytes`]): each token's raw position and target slot (`u64::MAX` for
+/// none), and whether a later token writes the slot of each of the block's own tokens.
+struct Shared {
+    positions: *mut i64,
+    targets: *mut u64,
+    superseded: *mut u32,
+    /// The block's first token.
+    first: u32,
+}
+
+/// The block's first token and number of tokens (0 for a block without work).
 #[inline(always)]
-unsafe fn scan(start: u32, end: u32, candidate: impl Fn(u32) -> bool, confirm: impl Fn(u32) -> bool) -> bool {
-    let mut j = start;
-    while j < end {
-        let mut hits = 0u32;
-        let mut test = |k: u32| {
-            if j + k < end && candidate(j + k) {
-                hits |= 1 << k;
-            }
-        };
-        crate::entry::unrolled(8, |k| test(k as u32));
-        crate::entry::unrolled(8, |k| test(k as u32 + 8));
-        while hits != 0 {
-            if confirm(j + hits.trailing_zeros()) {
-                return true;
-            }
-            hits &= hits - 1;
-        }
-        j += 16;
+fn block_tokens(p: &KvParams, items: u32) -> (u32, u32) {
+    let ((bx, by), bd) = (block_idx(), block_dim().0);
+    let row = by * p.chunk;
+    let (lo, hi) = ((bx * bd) / items, (bx * bd + bd - 1) / items);
+    let first = row + lo;
+    let last = (row + hi.min(p.chunk - 1)).min(p.tokens.saturating_sub(1));
+    (first, if first > last { 0 } else { last - first + 1 })
+}
+
+/// The scan of the scanning kernels, which every thread of the block runs: the block loads
+/// every token's position and slot once, then its threads compare the later tokens' slots
+/// with the block's own tokens' in parallel (a later token wins a repeated slot).
+#[inline(always)]
+unsafe fn block_scan(p: &KvParams, items: u32) -> Shared {
+    let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
+    let tokens = p.tokens as usize;
+    let s = Shared {
+        positions: base as *mut i64,
+        targets: base.add(tokens),
+        superseded: base.add(2 * tokens) as *mut u32,
+        first: 0,
+    };
+    let (first, count) = block_tokens(p, items);
+    let (tid, bd) = (thread_idx().0, block_dim().0);
+    let mut j = tid;
+    while j < p.tokens {
+        let raw = raw_slot(p, j);
+        let pos = position(p.position_mode, p.positions, j, j / p.seq, j % p.seq);
+        let valid = pos >= 0 && pos < p.max_position as i64;
+        let n = if valid { slot(p, j, pos as u32, raw, false) } else { None };
+        *s.positions.add(j as usize) = pos;
+        *s.targets.add(j as usize) = n.unwrap_or(u64::MAX);
+        j += bd;
     }
-    false
+    if tid < count {
+        *s.superseded.add(tid as usize) = 0;
+    }
+    sync_threads();
+    let mut j = first + 1 + tid;
+    while j < p.tokens {
+        let n = *s.targets.add(j as usize);
+        if n != u64::MAX {
+            for k in 0..count.min(j - first) {
+                if *s.targets.add((first + k) as usize) == n {
+                    s.superseded.add(k as usize).write_volatile(1);
+                }
+            }
+        }
+        j += bd;
+    }
+    sync_threads();
+    Shared { first, ..s }
+}
+
+/// Where token `t` goes: its position and slot, unless it is skipped (out of range, padding,
+/// or, for keys and values, a later token writes the same slot). Reports go to the records
+/// when `report_position` / `report_slot`.
+struct Target {
+    pos: u32,
+    slot: u64,
+}
+
+/// [`Target`] from the block-wide scan.
+#[inline(always)]
+unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (bool, bool)) -> Option<Target> {
+    let pos = *s.positions.add(t as usize);
+    if pos < 0 || pos >= p.max_position as i64 {
+        if report.0 {
+            record(p.error as *mut ErrorRecord, t, pos);
+        }
+        return None;
+    }
+    if !kv {
+        return Some(Target { pos: pos as u32, slot: 0 });
+    }
+    let n = *s.targets.add(t as usize);
+    if n == u64::MAX {
+        if report.1 {
+            // Padding or out of range: only the latter is reported.
+            slot(p, t, pos as u32, raw_slot(p, t), true);
+        }
+        return None;
+    }
+    if *s.superseded.add((t - s.first) as usize) != 0 {
+        return None;
+    }
+    Some(Target { pos: pos as u32, slot: n })
 }
 
 /// Fused RoPE + KV append for one lane of one head group of one token; `R` moves rotating
-/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. Without `SCAN` the
-/// kernel settles duplicates only through the owner array (the host always passes one).
+/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. With `SCAN` and no
+/// owner array, the block settles duplicates itself ([`block_scan`]); otherwise the owner
+/// array does (the host passes one to the kernels without `SCAN`).
 ///
 /// # Safety
 /// The host checked every view and both caches against their buffers, the slots and owner
 /// arrays' lengths, that nothing written overlaps anything else the launch touches, the
-/// tables' size, alignment for `R` and `C`, and that the geometry was made with this `G`.
+/// tables' size, alignment for `R` and `C`, that the geometry was made with this `G`, and,
+/// for the scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
 #[inline(always)]
 unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const SCAN: bool>(p: &KvParams) {
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
@@ -154,54 +213,77 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     core::hint::assert_unchecked(p.k_lanes != 0);
     core::hint::assert_unchecked(p.v_lanes != 0);
     core::hint::assert_unchecked(p.block_size != 0);
-    let Some((t, w)) = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens) else {
-        return;
-    };
+    core::hint::assert_unchecked(p.chunk != 0);
+    let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
+    let shared = SCAN && p.owner == 0;
+    // Decode the item and load the data it reads: neither depends on the position or slot.
+    let (t, w) = item.unwrap_or((0, 0));
     let (b, s) = ((t / p.seq) as u64, (t % p.seq) as u64);
     let half = p.half as usize;
-    if w < qi {
-        // q, in place.
-        let (group, lane) = (w / p.rot_lanes, (w % p.rot_lanes) as usize);
-        let h0 = (group * G as u32) as u64;
-        let base = (p.q.input as *mut u8).wrapping_add(p.q.in_offset(b, s, h0) as usize * R::SIZE);
-        let step = p.q.in_strides[2] as usize * R::SIZE;
-        let count = (p.q.heads - h0 as u32).min(G as u32) as usize;
-        core::hint::assert_unchecked(count >= 1 && count <= G);
-        let rows = Rows { src: base, dst: base, src_step: step, dst_step: step, count };
-        let first = S::load::<R>(&rows, 0, lane, half);
-        if let Some(pos) = checked_position(p, t, w == 0) {
-            S::rotate::<R, B>(rows, first, lane, pos as usize, p);
+    let (is_q, is_k) = (w < qi, w >= qi && w < qi + ki);
+    // Chosen by value: a reference into one of three views would put the parameters in
+    // local memory.
+    let pick = |f: &dyn Fn(&HeadsView) -> u64| {
+        if is_q {
+            f(&p.q)
+        } else if is_k {
+            f(&p.k)
+        } else {
+            f(&p.v)
         }
-        return;
-    }
-    let is_k = w < qi + ki;
-    let (view, cache, lanes, w) =
-        if is_k { (&p.k, p.k_cache, p.k_lanes, w - qi) } else { (&p.v, p.v_cache, p.v_lanes, w - qi - ki) };
+    };
+    let (input, strides) = (pick(&|v| v.input), [0, 1, 2].map(|i| pick(&|v| v.in_strides[i])));
+    let (heads, lanes, w) = if is_q {
+        (p.q.heads, p.rot_lanes, w)
+    } else if is_k {
+        (p.k.heads, p.k_lanes, w - qi)
+    } else {
+        (p.v.heads, p.v_lanes, w - qi - ki)
+    };
     let (group, lane) = (w / lanes, (w % lanes) as usize);
     let h0 = (group * G as u32) as u64;
-    let count = (p.k.heads - h0 as u32).min(G as u32) as usize;
-    core::hint::assert_unchecked(count >= 1 && count <= G);
-    let src = (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE);
-    let src_step = view.in_strides[2] as usize * R::SIZE;
-    let rotating = is_k && lane < p.rot_lanes as usize;
-    // The data does not depend on the position or slot: load it first.
-    let first = if rotating {
-        S::load::<R>(&Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count }, 0, lane, half)
+    let count = (heads.saturating_sub(h0 as u32)).min(G as u32) as usize;
+    let offset = b * strides[0] + s * strides[1] + h0 * strides[2];
+    let src = (input as *const u8).wrapping_add(offset as usize * R::SIZE);
+    let src_step = strides[2] as usize * R::SIZE;
+    let rotating = is_q || (is_k && lane < p.rot_lanes as usize);
+    let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
+    let first = if item.is_some() && rotating { S::load::<R>(&rows, 0, lane, half) } else { [[0; 4]; 2] };
+    // Reports: the first q item reports positions (the first k item without q); the first k
+    // item reports slots.
+    let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
+    let target = if shared {
+        let scan = block_scan(p, items);
+        if item.is_none() {
+            return;
+        }
+        shared_target(p, &scan, t, !is_q, report)
     } else {
-        [[0; 4]; 2]
+        if item.is_none() {
+            return;
+        }
+        let raw = if is_q { 0 } else { raw_slot(p, t) };
+        match checked_position(p, t, report.0) {
+            Some(pos) if is_q => Some(Target { pos, slot: 0 }),
+            Some(pos) => slot(p, t, pos, raw, report.1).map(|slot| Target { pos, slot }),
+            None => None,
+        }
     };
-    // Without q, the first k item reports positions; the first k item reports slots.
-    let raw = raw_slot(p, t);
-    let Some(pos) = checked_position(p, t, qi == 0 && w == 0 && is_k) else { return };
-    let Some(n) = slot(p, t, pos, raw, is_k && w == 0) else { return };
-    // Without a scan the table loads overlap the owner check. (Measured: with a scan, loading
-    // them first costs more registers than it saves.)
-    let early = rotating && !SCAN;
-    let entries = if early { S::entries::<R, B>(lane, pos as usize, p) } else { Entries::none() };
-    if superseded::<SCAN>(p, t, n, pos) {
+    let Some(Target { pos, slot: n }) = target else { return };
+    core::hint::assert_unchecked(count >= 1 && count <= G);
+    if is_q {
+        // q, in place.
+        let base = src as *mut u8;
+        let rows = Rows { src, dst: base, src_step, dst_step: src_step, count };
+        S::rotate::<R, B>(rows, first, lane, pos as usize, p);
         return;
     }
-    let entries = if rotating && SCAN { S::entries::<R, B>(lane, pos as usize, p) } else { entries };
+    // Without the scan the table loads overlap the owner check.
+    let entries = if rotating { S::entries::<R, B>(lane, pos as usize, p) } else { Entries::none() };
+    if !shared && not_owner(p, t, n) {
+        return;
+    }
+    let cache = if is_k { p.k_cache } else { p.v_cache };
     let block = n as u32 / p.block_size;
     let within = n as u32 % p.block_size;
     let row = block as u64 * p.cache_strides[0] + within as u64 * p.cache_strides[1] + h0 * p.cache_strides[2];

@@ -11,13 +11,27 @@
 //! - `gpu` (device only): the few intrinsics the kernels need, standing in for `cuda_std`;
 //! - `entry` (device only): the RoPE `extern "ptx-kernel"` entry points, which only map
 //!   threads to work and call into [`math`];
-//! - `kv` (device only): the KV-cache entry points (fused RoPE + append, and its claims).
+//! - `kv` (device only): the KV-cache entry points (fused RoPE + append, and its claims);
+//! - `bench` (device only): an empty kernel and a spin, for the benchmarks' yardsticks.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, f16))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(
+        abi_ptx,
+        stdarch_nvptx,
+        asm_experimental_arch,
+        f16,
+        gpu_intrinsics,
+        gpu_launch_sized_workgroup_mem,
+        core_intrinsics
+    )
+)]
 
 pub mod math;
 pub mod params;
 
+#[cfg(target_arch = "nvptx64")]
+mod bench;
 #[cfg(target_arch = "nvptx64")]
 mod entry;
 #[cfg(target_arch = "nvptx64")]

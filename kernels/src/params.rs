@@ -215,7 +215,9 @@ pub struct RopeParams {
 /// A position outside `0..max_position` skips the whole token (recorded in the first
 /// [`ErrorRecord`] at `error`); a slot outside `0..num_slots` other than `-1` skips the cache
 /// writes (recorded in the second). When several tokens target one slot, the last one
-/// writes: with `owner == 0` each writer scans the later tokens' slots; otherwise `kv_claim`
+/// writes: with `owner == 0` each block loads every token's position and slot into shared
+/// memory and compares its own tokens' slots with the later ones' (the scanning kernels,
+/// launched with [`KvParams::shared_bytes`] of dynamic shared memory); otherwise `kv_claim`
 /// has stored, for each slot, `epoch << 32 | t` of its last token in the u64 array at
 /// `owner`, and a token writes only if it finds itself there.
 #[repr(C)]
@@ -275,6 +277,15 @@ pub struct KvParams {
     pub chunk: u32,
     /// Keeps the layout free of implicit padding.
     pub _pad: u32,
+}
+
+impl KvParams {
+    /// Dynamic shared memory a scanning kernel (`owner == 0`) needs with blocks of
+    /// `block_threads`: each token's position and slot (8 bytes each), and a flag for each
+    /// token of the block (at most `block_threads`).
+    pub fn shared_bytes(&self, block_threads: u32) -> u32 {
+        16 * self.tokens + 4 * block_threads
+    }
 }
 
 /// Heads one thread of a KV-cache kernel handles (see [`heads_per_thread`]) in its `_v`
