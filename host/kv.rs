@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
 use cust::sys as cuda;
-use rope_cuda_kernels::params::{groups, kv_heads_per_thread, HeadsView, KvParams};
+use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, HeadsView, KvParams};
 
 use crate::config::{DType, RopeStyle};
 use crate::error::{driver, Error, Result};
@@ -361,6 +361,10 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         max_position: max_position as u32,
         position_mode: mode,
         chunk,
+        items_div: FastDiv::new(work as u32),
+        seq_div: FastDiv::new(seq as u32),
+        lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
+        block_div: FastDiv::new(block_size as u32),
         ..Default::default()
     };
     Ok(Some(KvPlan { params, width, geometry, claim }))

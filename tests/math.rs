@@ -2,11 +2,12 @@
 //! narrowed to bf16 or f16, is within one ulp of the correctly rounded exact result, also
 //! where the two products cancel. The kernels take the fast form unless `needs_precise`
 //! flags an output, then the compensated form: both branches are checked. Runs on every
-//! machine.
+//! machine. Also the kernels' fast division.
 
 use rope_cuda::reference::{splitmix64, uniform, RefElem};
 use rope_cuda::DType;
 use rope_cuda_kernels::math::{rotate_pair, rotate_pair_fast, split_f64, Narrow};
+use rope_cuda_kernels::params::FastDiv;
 
 /// Rotates with the kernels' arithmetic and decision and checks both outputs for `T`.
 fn check<T: RefElem>(x0: T, x1: T, angle: f64, flagged: &mut usize) -> Result<(), String> {
@@ -102,4 +103,28 @@ fn naive_f32_evaluation_would_fail() {
         worst = worst.max(half::bf16::from_f32(naive).ulps(<half::bf16 as RefElem>::round(exact)));
     }
     assert!(worst > 1, "the cancelling inputs do not stress the arithmetic");
+}
+
+/// The multiply-and-shift division the KV kernels use equals `/` and `%`: every divisor up to
+/// 4096 and the edges of the range against numerators at the edges and spread over `u32`.
+#[test]
+fn fast_division_is_exact() {
+    let mut divisors: Vec<u32> = (1..=4096).collect();
+    for k in 12..32 {
+        divisors.extend([(1u32 << k) - 1, 1 << k, (1 << k) + 1]);
+    }
+    divisors.extend([u32::MAX - 1, u32::MAX, 0x8000_0001, 641, 6_700_417]);
+    let mut state = 0x5eed_u64;
+    for &d in &divisors {
+        let f = FastDiv::new(d);
+        let mut numerators = vec![0, 1, d - 1, d, d.wrapping_add(1), u32::MAX, u32::MAX - 1, 1 << 31, (1 << 31) - 1];
+        numerators.extend((1..8).map(|m| d.wrapping_mul(m)).flat_map(|x| [x.wrapping_sub(1), x, x.wrapping_add(1)]));
+        for _ in 0..64 {
+            state = splitmix64(state);
+            numerators.push(state as u32);
+        }
+        for n in numerators {
+            assert_eq!(f.divmod(n), (n / d, n % d), "{n} / {d}");
+        }
+    }
 }

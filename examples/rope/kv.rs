@@ -26,7 +26,6 @@ struct KvRow {
 enum Against {
     Copy(Timing, u64),
     Baseline(&'static str, Timing),
-    Nothing,
 }
 
 fn upload(host: &[bf16]) -> Res<DeviceBuffer<bf16>> {
@@ -190,6 +189,7 @@ fn step(
         let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
         let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host = host_time(kernels, stream, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
+        let host_empty = host_time(kernels, stream, 50, 20, || empty(kernels, stream, 1))?;
         let blocks = (tokens * (hq + 3 * hk) * d / 16).div_ceil(128) as u32;
         let empty_eager = time_op(stream, 20, runs, || empty(kernels, stream, blocks))?;
         let empty_device = time_device(kernels, stream, 20, runs, || empty(kernels, stream, blocks))?;
@@ -226,7 +226,7 @@ fn step(
             name: "host, queue a step",
             what: "CPU time of one fused call".into(),
             op: host,
-            against: Against::Nothing,
+            against: Against::Baseline("empty kernel", host_empty),
             ulps: 0,
         });
         Against::Baseline("RoPE, then append", base)
@@ -265,7 +265,6 @@ pub fn run(kernels: &Kernels, stream: &Stream) -> Res<bool> {
             Against::Baseline(name, b) => {
                 (format!("{name} {:.2} us", b.median_us), format!("{:.2}x", b.median_us / r.op.median_us))
             }
-            Against::Nothing => ("-".into(), "-".into()),
         };
         ok &= r.ulps <= 1;
         println!(

@@ -26,7 +26,7 @@ impl Tables for KvParams {
 /// Token `t`'s position, or `None` (after recording it when `report`) when out of range.
 #[inline(always)]
 unsafe fn checked_position(p: &KvParams, t: u32, report: bool) -> Option<u32> {
-    let (b, s) = (t / p.seq, t % p.seq);
+    let (b, s) = p.seq_div.divmod(t);
     let pos = position(p.position_mode, p.positions, t, b, s);
     if pos >= 0 && pos < p.max_position as i64 {
         return Some(pos as u32);
@@ -60,7 +60,7 @@ unsafe fn raw_slot(p: &KvParams, t: u32) -> i64 {
 unsafe fn slot(p: &KvParams, t: u32, pos: u32, raw: i64, report: bool) -> Option<u64> {
     if p.slots == 0 {
         // Contiguous: the host checked `max_position <= block_size`.
-        return Some((t / p.seq) as u64 * p.block_size as u64 + pos as u64);
+        return Some(p.seq_div.div(t) as u64 * p.block_size as u64 + pos as u64);
     }
     if raw >= 0 && (raw as u64) < p.num_slots {
         return Some(raw as u64);
@@ -102,10 +102,10 @@ struct Shared {
 
 /// The block's first token and number of tokens (0 for a block without work).
 #[inline(always)]
-fn block_tokens(p: &KvParams, items: u32) -> (u32, u32) {
+fn block_tokens(p: &KvParams) -> (u32, u32) {
     let ((bx, by), bd) = (block_idx(), block_dim().0);
     let row = by * p.chunk;
-    let (lo, hi) = ((bx * bd) / items, (bx * bd + bd - 1) / items);
+    let (lo, hi) = (p.items_div.div(bx * bd), p.items_div.div(bx * bd + bd - 1));
     let first = row + lo;
     let last = (row + hi.min(p.chunk - 1)).min(p.tokens.saturating_sub(1));
     (first, if first > last { 0 } else { last - first + 1 })
@@ -115,7 +115,7 @@ fn block_tokens(p: &KvParams, items: u32) -> (u32, u32) {
 /// every token's position and slot once, then its threads compare the later tokens' slots
 /// with the block's own tokens' in parallel (a later token wins a repeated slot).
 #[inline(always)]
-unsafe fn block_scan(p: &KvParams, items: u32) -> Shared {
+unsafe fn block_scan(p: &KvParams) -> Shared {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
     let s = Shared {
@@ -124,12 +124,13 @@ unsafe fn block_scan(p: &KvParams, items: u32) -> Shared {
         superseded: base.add(2 * tokens) as *mut u32,
         first: 0,
     };
-    let (first, count) = block_tokens(p, items);
+    let (first, count) = block_tokens(p);
     let (tid, bd) = (thread_idx().0, block_dim().0);
     let mut j = tid;
     while j < p.tokens {
         let raw = raw_slot(p, j);
-        let pos = position(p.position_mode, p.positions, j, j / p.seq, j % p.seq);
+        let (seq, index) = p.seq_div.divmod(j);
+        let pos = position(p.position_mode, p.positions, j, seq, index);
         let valid = pos >= 0 && pos < p.max_position as i64;
         let n = if valid { slot(p, j, pos as u32, raw, false) } else { None };
         *s.positions.add(j as usize) = pos;
@@ -214,11 +215,12 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     core::hint::assert_unchecked(p.v_lanes != 0);
     core::hint::assert_unchecked(p.block_size != 0);
     core::hint::assert_unchecked(p.chunk != 0);
-    let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
+    let item = work_item(block_idx(), block_dim().0, thread_idx().0, p.items_div, p.chunk, p.tokens);
     let shared = SCAN && p.owner == 0;
     // Decode the item and load the data it reads: neither depends on the position or slot.
     let (t, w) = item.unwrap_or((0, 0));
-    let (b, s) = ((t / p.seq) as u64, (t % p.seq) as u64);
+    let (b, s) = p.seq_div.divmod(t);
+    let (b, s) = (b as u64, s as u64);
     let half = p.half as usize;
     let (is_q, is_k) = (w < qi, w >= qi && w < qi + ki);
     // Chosen by value: a reference into one of three views would put the parameters in
@@ -234,13 +236,14 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     };
     let (input, strides) = (pick(&|v| v.input), [0, 1, 2].map(|i| pick(&|v| v.in_strides[i])));
     let (heads, lanes, w) = if is_q {
-        (p.q.heads, p.rot_lanes, w)
+        (p.q.heads, p.lanes_div[0], w)
     } else if is_k {
-        (p.k.heads, p.k_lanes, w - qi)
+        (p.k.heads, p.lanes_div[1], w - qi)
     } else {
-        (p.v.heads, p.v_lanes, w - qi - ki)
+        (p.v.heads, p.lanes_div[2], w - qi - ki)
     };
-    let (group, lane) = (w / lanes, (w % lanes) as usize);
+    let (group, lane) = lanes.divmod(w);
+    let lane = lane as usize;
     let h0 = (group * G as u32) as u64;
     let count = (heads.saturating_sub(h0 as u32)).min(G as u32) as usize;
     let offset = b * strides[0] + s * strides[1] + h0 * strides[2];
@@ -252,8 +255,17 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
+    let mut entries = Entries::none();
     let target = if shared {
-        let scan = block_scan(p, items);
+        // The rotating items load their position and table entries before the scan, whose
+        // loads and barriers they then overlap.
+        if item.is_some() && rotating {
+            let own = position(p.position_mode, p.positions, t, b as u32, s as u32);
+            if own >= 0 && own < p.max_position as i64 {
+                entries = S::entries::<R, B>(lane, own as usize, p);
+            }
+        }
+        let scan = block_scan(p);
         if item.is_none() {
             return;
         }
@@ -271,21 +283,22 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     };
     let Some(Target { pos, slot: n }) = target else { return };
     core::hint::assert_unchecked(count >= 1 && count <= G);
+    if rotating && !shared {
+        // Without the scan the table loads overlap the owner check.
+        entries = S::entries::<R, B>(lane, pos as usize, p);
+    }
     if is_q {
         // q, in place.
         let base = src as *mut u8;
         let rows = Rows { src, dst: base, src_step, dst_step: src_step, count };
-        S::rotate::<R, B>(rows, first, lane, pos as usize, p);
+        S::apply::<R, B>(rows, first, lane, &entries, p);
         return;
     }
-    // Without the scan the table loads overlap the owner check.
-    let entries = if rotating { S::entries::<R, B>(lane, pos as usize, p) } else { Entries::none() };
     if !shared && not_owner(p, t, n) {
         return;
     }
     let cache = if is_k { p.k_cache } else { p.v_cache };
-    let block = n as u32 / p.block_size;
-    let within = n as u32 % p.block_size;
+    let (block, within) = p.block_div.divmod(n as u32);
     let row = block as u64 * p.cache_strides[0] + within as u64 * p.cache_strides[1] + h0 * p.cache_strides[2];
     let dst = (cache as *mut u8).wrapping_add(row as usize * R::SIZE);
     let rows = Rows { src, dst, src_step, dst_step: p.cache_strides[2] as usize * R::SIZE, count };

@@ -26,6 +26,8 @@
         core_intrinsics
     )
 )]
+// `core_intrinsics` only for `core::intrinsics::gpu` (dynamic shared memory).
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 pub mod math;
 pub mod params;
