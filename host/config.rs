@@ -1,6 +1,7 @@
 //! The RoPE configuration: what the table is built from and which kernels run.
 
 use crate::error::{Error, Result};
+use crate::scaling::RopeScaling;
 use crate::table::MAX_POSITION_LIMIT;
 
 /// Which elements of a head are paired and rotated together.
@@ -71,6 +72,12 @@ pub struct RopeConfig {
     /// Whether every call synchronises its stream and returns position errors at once
     /// (see [`Rope::check_errors`](crate::Rope::check_errors)).
     pub checked: bool,
+    /// Long-context scaling of the frequencies, and the attention factor.
+    pub scaling: RopeScaling,
+    /// The sequence length the table is built for: dynamic NTK and LongRoPE choose their
+    /// frequencies by it (`None`: the model's trained length). Build one [`Rope`](crate::Rope)
+    /// per length the engine serves with.
+    pub seq_len: Option<usize>,
 }
 
 impl RopeConfig {
@@ -87,7 +94,27 @@ impl RopeConfig {
             max_position,
             dtype: DType::F32,
             checked: false,
+            scaling: RopeScaling::Default,
+            seq_len: None,
         }
+    }
+
+    /// Sets the scaling.
+    pub fn scaling(mut self, scaling: RopeScaling) -> Self {
+        self.scaling = scaling;
+        self
+    }
+
+    /// Sets the sequence length the table is built for (see [`RopeConfig::seq_len`]).
+    pub fn seq_len(mut self, seq_len: Option<usize>) -> Self {
+        self.seq_len = seq_len;
+        self
+    }
+
+    /// `(inv_freq, attention_factor)`: one frequency per pair and the factor both cos and
+    /// sin are multiplied by, from the base, the rotary dimension and the scaling, in f64.
+    pub fn frequencies(&self) -> Result<(Vec<f64>, f64)> {
+        self.scaling.frequencies(self.rotary_dim, self.head_dim, self.base, self.seq_len)
     }
 
     /// Sets the rotary dimension.
@@ -141,6 +168,6 @@ impl RopeConfig {
                 limit: MAX_POSITION_LIMIT as u64,
             });
         }
-        Ok(())
+        self.frequencies().map(drop)
     }
 }

@@ -2,6 +2,43 @@
 
 use cust::error::CudaError;
 
+/// What is wrong with a model's `config.json` ([`crate::RopeConfig::from_hf_config`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not JSON, or not a JSON object at the top.
+    #[error("not a JSON object: {0}")]
+    Json(String),
+    /// A field the configuration needs is absent.
+    #[error("missing field `{0}`")]
+    Missing(String),
+    /// A field has the wrong JSON type or an impossible value.
+    #[error("field `{field}`: {problem}")]
+    Invalid {
+        /// The field's name (with its parent, for nested fields).
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `rope_type` (or `type`) names a scaling this crate does not implement.
+    #[error("unknown rope_type `{0}`")]
+    UnknownRopeType(String),
+    /// The parameters differ per layer type; name one (`full_attention`, …).
+    #[error("rope parameters differ per layer type ({available}); choose one with from_hf_config_layer")]
+    LayerTypeNeeded {
+        /// The layer types the config defines, comma-separated.
+        available: String,
+    },
+    /// The layer type asked for is not in the config.
+    #[error("no rope parameters for layer type `{asked}` (the config has: {available})")]
+    NoSuchLayerType {
+        /// The layer type asked for.
+        asked: String,
+        /// The layer types the config defines, comma-separated.
+        available: String,
+    },
+}
+
 /// Everything that can go wrong in `rope-cuda`.
 ///
 /// Input errors are detected on the host before any launch, and nothing is written when one
@@ -143,6 +180,27 @@ pub enum Error {
         /// The rejected base.
         base: f64,
     },
+    /// A RoPE scaling parameter is out of its range (not finite, not positive, …).
+    #[error("rope scaling: {field} = {value} is out of range")]
+    Scaling {
+        /// The parameter's name in `config.json`.
+        field: &'static str,
+        /// The rejected value.
+        value: f64,
+    },
+    /// A per-pair list of a RoPE scaling (LongRoPE's factors) has the wrong length.
+    #[error("rope scaling: {field} has {got} entries, expected one per pair: {expected}")]
+    ScalingLength {
+        /// The parameter's name.
+        field: &'static str,
+        /// Pairs of the rotary dimension.
+        expected: usize,
+        /// Entries given.
+        got: usize,
+    },
+    /// A model's `config.json` could not be read as a RoPE configuration.
+    #[error("config.json: {0}")]
+    Config(#[from] ConfigError),
     /// The call needs positions beyond the cos/sin table.
     #[error("positions up to {needed} are needed, but the table covers only 0..{max_position}")]
     MaxPosition {

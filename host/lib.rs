@@ -63,23 +63,27 @@
 pub mod bench;
 mod config;
 mod error;
+mod hf_config;
 mod kernels;
 mod kv;
 mod layout;
 pub mod reference;
 mod rope;
+mod scaling;
 mod seed;
 mod table;
 mod tensor;
 
 pub use config::{DType, Direction, RopeConfig, RopeStyle};
-pub use error::{Error, Result};
+pub use error::{ConfigError, Error, Result};
+pub use hf_config::INTERLEAVED_MODEL_TYPES;
 pub use kernels::{Kernels, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
 pub use kv::{KvCache, KvShape, KvUpdate, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
 pub use rope::Rope;
+pub use scaling::RopeScaling;
 pub use seed::RotaryModel;
-pub use table::{HostTable, RopeTable, MAX_POSITION_LIMIT};
+pub use table::{row as table_row, HostTable, RopeTable, MAX_POSITION_LIMIT};
 pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).

@@ -19,12 +19,26 @@ pub fn rope_row(
     style: RopeStyle,
     direction: Direction,
 ) -> Vec<f64> {
-    let half = rotary_dim / 2;
+    let freqs: Vec<f64> = (0..rotary_dim / 2).map(|i| inv_freq(base, rotary_dim, i)).collect();
+    rope_row_freqs(x, position, &freqs, 1.0, style, direction)
+}
+
+/// [`rope_row`] for any frequencies (one per pair, `2 * inv_freq.len()` rotary dims) with
+/// cos and sin multiplied by `attention` (see [`crate::RopeScaling::frequencies`]).
+pub fn rope_row_freqs(
+    x: &[f64],
+    position: f64,
+    inv_freq: &[f64],
+    attention: f64,
+    style: RopeStyle,
+    direction: Direction,
+) -> Vec<f64> {
+    let half = inv_freq.len();
     let sign = if direction == Direction::Inverse { -1.0 } else { 1.0 };
     let mut out = x.to_vec();
-    for i in 0..half {
-        let (s, c) = (position * inv_freq(base, rotary_dim, i)).sin_cos();
-        let s = sign * s;
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let (s, c) = (position * f).sin_cos();
+        let (s, c) = (sign * attention * s, attention * c);
         let (a, b) = match style {
             RopeStyle::NeoX => (i, i + half),
             RopeStyle::GptJ => (2 * i, 2 * i + 1),

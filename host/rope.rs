@@ -35,7 +35,7 @@ const fn parse_threads(v: &str) -> u32 {
 /// RoPE for one configuration: the cos/sin table built once (angles in f64, stored f32), the
 /// device-side record of out-of-range positions, and the launches.
 ///
-/// q and k are `[batch, seq, heads, head_dim]` views with their own strides ([`Layout`]);
+/// q and k are `[batch, seq, heads, head_dim]` views with their own strides ([`Layout`](crate::Layout));
 /// q and k may have different head counts (GQA/MQA), k may be absent, and they may be
 /// slices of one fused QKV buffer. Positions come per token, per sequence start, or in
 /// order ([`Positions`]). A token whose position is outside `0..max_position` is left
@@ -80,7 +80,7 @@ impl<'k> Rope<'k> {
     /// Validates `config`, builds its table and uploads it, in the current context.
     pub fn new(kernels: &'k Kernels, config: RopeConfig) -> Result<Self> {
         config.validate()?;
-        let table = RopeTable::new(config.rotary_dim, config.base, config.max_position)?;
+        let table = RopeTable::from_config(&config)?;
         let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
         Ok(Rope { kernels, config, table, errors, owners: Default::default(), last_num_slots: Default::default() })
     }

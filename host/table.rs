@@ -3,6 +3,7 @@
 use cust::memory::DeviceBuffer;
 use rope_cuda_kernels::math::{inv_freq, split_f64};
 
+use crate::config::RopeConfig;
 use crate::error::{Error, Result};
 
 /// Largest table the kernels index with 32-bit positions.
@@ -36,23 +37,48 @@ impl HostTable {
     /// position (position 2^20 included).
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
         check_table_args(rotary_dim, base, max_position)?;
-        let half = rotary_dim / 2;
-        let freqs: Vec<f64> = (0..half).map(|i| inv_freq(base, rotary_dim, i)).collect();
+        let freqs: Vec<f64> = (0..rotary_dim / 2).map(|i| inv_freq(base, rotary_dim, i)).collect();
+        Self::from_frequencies(&freqs, 1.0, max_position)
+    }
+
+    /// Builds the table of `inv_freq` (one per pair, from [`crate::RopeScaling::frequencies`]
+    /// or any other source) with both cos and sin multiplied by `attention`, in f64 before
+    /// rounding, as [`HostTable::new`] does.
+    pub fn from_frequencies(inv_freq: &[f64], attention: f64, max_position: usize) -> Result<Self> {
+        if inv_freq.is_empty() {
+            return Err(Error::HeadDim { head_dim: 0 });
+        }
+        check_table_args(2 * inv_freq.len(), 1.0, max_position)?;
+        if let Some(&f) = inv_freq.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
+            return Err(Error::Scaling { field: "inv_freq", value: f });
+        }
+        if !(attention.is_finite() && attention > 0.0) {
+            return Err(Error::Scaling { field: "attention_factor", value: attention });
+        }
+        let half = inv_freq.len();
         let n = max_position * half;
         let (mut cos, mut sin, mut cos_lo, mut sin_lo) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for p in 0..max_position {
-            for &f in &freqs {
-                let (s, c) = (p as f64 * f).sin_cos();
-                let ((c, cl), (s, sl)) = (split_f64(c), split_f64(s));
-                cos.push(c);
-                sin.push(s);
-                cos_lo.push(cl);
-                sin_lo.push(sl);
+            for e in row(inv_freq, attention, p) {
+                cos.push(e[0]);
+                sin.push(e[1]);
+                cos_lo.push(e[2]);
+                sin_lo.push(e[3]);
             }
         }
         Ok(HostTable { half, max_position, cos, sin, cos_lo, sin_lo })
     }
+}
+
+/// The table row of position `p`: for each pair, `[cos, sin, cos_lo, sin_lo]` as
+/// [`HostTable::from_frequencies`] stores them (for checking single rows at any position).
+pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [f32; 4]> + '_ {
+    inv_freq.iter().map(move |&f| {
+        let (s, c) = (p as f64 * f).sin_cos();
+        let ((c, cl), (s, sl)) = (split_f64(attention * c), split_f64(attention * s));
+        [c, s, cl, sl]
+    })
 }
 
 /// A cos/sin table on the device.
@@ -60,6 +86,7 @@ impl HostTable {
 pub struct RopeTable {
     rotary_dim: usize,
     base: f64,
+    attention: f64,
     max_position: usize,
     pub(crate) cos: DeviceBuffer<f32>,
     pub(crate) sin: DeviceBuffer<f32>,
@@ -68,19 +95,36 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    /// Builds the table on the host (see [`HostTable::new`]) and uploads it to the current
-    /// context.
+    /// Builds the table of plain RoPE on the host (see [`HostTable::new`]) and uploads it
+    /// to the current context.
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
-        let host = HostTable::new(rotary_dim, base, max_position)?;
+        Self::upload(&HostTable::new(rotary_dim, base, max_position)?, base, 1.0)
+    }
+
+    /// Builds the table of `config` (its scaling included, see [`RopeConfig::frequencies`])
+    /// and uploads it to the current context.
+    pub fn from_config(config: &RopeConfig) -> Result<Self> {
+        let (freqs, attention) = config.frequencies()?;
+        let host = HostTable::from_frequencies(&freqs, attention, config.max_position)?;
+        Self::upload(&host, config.base, attention)
+    }
+
+    fn upload(host: &HostTable, base: f64, attention: f64) -> Result<Self> {
         Ok(RopeTable {
-            rotary_dim,
+            rotary_dim: 2 * host.half,
             base,
-            max_position,
+            attention,
+            max_position: host.max_position,
             cos: DeviceBuffer::from_slice(&host.cos)?,
             sin: DeviceBuffer::from_slice(&host.sin)?,
             cos_lo: DeviceBuffer::from_slice(&host.cos_lo)?,
             sin_lo: DeviceBuffer::from_slice(&host.sin_lo)?,
         })
+    }
+
+    /// The factor both cos and sin are multiplied by (1 without scaling).
+    pub fn attention_factor(&self) -> f64 {
+        self.attention
     }
 
     /// The rotary dimension the table serves (twice its pairs per position).

@@ -13,7 +13,7 @@ mod common;
 
 use common::{download_t, gpu, test_seed, upload_t, Gpu, TestElem};
 use cust::memory::DeviceBuffer;
-use rope_cuda::reference::{rope_row, splitmix64, uniform};
+use rope_cuda::reference::{rope_row, rope_row_freqs, splitmix64, uniform};
 use rope_cuda::{DType, Direction, Error, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
 
 const MAX_POS: usize = 4096;
@@ -150,6 +150,7 @@ fn expected<T: TestElem>(
     direction: Direction,
 ) -> Vec<Vec<Want>> {
     let mut want: Vec<Vec<Want>> = before.iter().map(|b| b.iter().map(|v| Want::Bits(v.bits())).collect()).collect();
+    let (freqs, attention) = config.frequencies().unwrap();
     for ((buf, layout), heads) in [(plan.q, hq), (plan.k, hk)] {
         for b in 0..BATCH {
             for s in 0..SEQ {
@@ -157,7 +158,7 @@ fn expected<T: TestElem>(
                 for h in 0..heads {
                     let r = row_range(&layout, b, s, h);
                     let x: Vec<f64> = input[buf][r.clone()].iter().map(|v| v.to_f64()).collect();
-                    let y = rope_row(&x, p, config.base, config.rotary_dim, config.style, direction);
+                    let y = rope_row_freqs(&x, p, &freqs, attention, config.style, direction);
                     for (j, i) in r.enumerate() {
                         want[buf][i] =
                             if j < config.rotary_dim { Want::Value(y[j]) } else { Want::Bits(input[buf][i].bits()) };

@@ -5,6 +5,8 @@
 //! cargo run --release --example rope            # everything
 //! cargo run --release --example rope -- --models # only the model-shaped rows
 //! cargo run --release --example rope -- --kv     # only the KV-cache rows
+//! cargo run --release --example rope -- --config path/to/config.json
+//!                                                 # RoPE with that model's settings
 //! ```
 
 use std::process::ExitCode;
@@ -12,9 +14,10 @@ use std::process::ExitCode;
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::{Stream, StreamFlags};
 use rope_cuda::bench::{copy_d2d, time_op, Timing};
-use rope_cuda::reference::{relative_error, rope_neox_row, rope_row, splitmix64, uniform, uniform_vec, RefElem};
+use rope_cuda::reference::{relative_error, rope_neox_row, rope_row_freqs, splitmix64, uniform, uniform_vec, RefElem};
 use rope_cuda::{
-    DType, Direction, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, RotaryModel, Tensor, TensorMut,
+    ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, RotaryModel, Tensor,
+    TensorMut,
 };
 
 const BASE: f64 = 10_000.0;
@@ -57,21 +60,56 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     if flag("--kv") {
         return kv::run(&kernels, &stream);
     }
+    let args: Vec<String> = std::env::args().collect();
+    let config_path = args.iter().position(|a| a == "--config").map(|i| args.get(i + 1).cloned());
+    let model = match &config_path {
+        Some(None) => return Err("--config needs a path to a config.json".into()),
+        Some(Some(path)) => Model::from_file(path)?,
+        None => Model::default_model(),
+    };
+    if config_path.is_some() {
+        let c = &model.config;
+        let (_, attention) = c.frequencies()?;
+        println!(
+            "{}: rope_type {}, base {}, head_dim {}, rotary_dim {}, {:?} style, {} positions, attention factor {attention}, \
+             {}/{} heads",
+            model.name,
+            c.scaling.rope_type(),
+            c.base,
+            c.head_dim,
+            c.rotary_dim,
+            c.style,
+            c.max_position,
+            model.hq,
+            model.hk
+        );
+    }
     // `--models`: only the model-shaped rows (for comparing builds).
-    if !flag("--models") {
+    let only_models = flag("--models") || config_path.is_some();
+    if !only_models {
         for (shape, runs) in [([4, 8, 256, 64], 500), ([16, 32, 4096, 128], 50)] {
             rows.extend(case(&kernels, &stream, shape, runs)?);
         }
     }
     // RoPE for models: 16 sequences of 4096 tokens, 32 q heads, 8 k heads, head_dim 128,
-    // per-token i32 positions.
+    // per-token i32 positions (or the heads and settings of `--config`).
     use Mode::*;
-    for (style, mode) in [(RopeStyle::NeoX, InPlace), (RopeStyle::NeoX, OutOfPlace), (RopeStyle::NeoX, PackedQkv)] {
-        rows.push(model_case::<half::bf16>(&kernels, &stream, style, mode)?);
-        rows.push(model_case::<f32>(&kernels, &stream, style, mode)?);
+    let m = &model;
+    if config_path.is_some() {
+        let style = m.config.style;
+        for mode in [InPlace, OutOfPlace] {
+            rows.push(model_case::<half::bf16>(&kernels, &stream, m, style, mode)?);
+            rows.push(model_case::<half::f16>(&kernels, &stream, m, style, mode)?);
+            rows.push(model_case::<f32>(&kernels, &stream, m, style, mode)?);
+        }
+    } else {
+        for (style, mode) in [(RopeStyle::NeoX, InPlace), (RopeStyle::NeoX, OutOfPlace), (RopeStyle::NeoX, PackedQkv)] {
+            rows.push(model_case::<half::bf16>(&kernels, &stream, m, style, mode)?);
+            rows.push(model_case::<f32>(&kernels, &stream, m, style, mode)?);
+        }
+        rows.push(model_case::<half::f16>(&kernels, &stream, m, RopeStyle::NeoX, InPlace)?);
+        rows.push(model_case::<half::bf16>(&kernels, &stream, m, RopeStyle::GptJ, InPlace)?);
     }
-    rows.push(model_case::<half::f16>(&kernels, &stream, RopeStyle::NeoX, InPlace)?);
-    rows.push(model_case::<half::bf16>(&kernels, &stream, RopeStyle::GptJ, InPlace)?);
 
     println!();
     println!(
@@ -98,7 +136,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         "accuracy: {} (f32: relative error <= {REL_TOL:e}; f16/bf16: the error column is the worst ulps, <= 1)",
         if ok { "ok" } else { "FAILED" }
     );
-    if !flag("--models") {
+    if !only_models {
         ok &= kv::run(&kernels, &stream)?;
     }
     Ok(ok)
@@ -164,19 +202,57 @@ enum Mode {
     PackedQkv,
 }
 
-/// One model-shaped row: 16 x 4096 tokens, 32/8 heads of 128, i32 ids; checked on sampled
-/// tokens, then timed against a copy of the bytes it must move (q and k read and written).
+/// The RoPE settings and head counts of the model rows.
+struct Model {
+    name: String,
+    config: RopeConfig,
+    hq: usize,
+    hk: usize,
+}
+
+impl Model {
+    /// 32 q and 8 k heads of 128, base 500000, 8192 positions.
+    fn default_model() -> Self {
+        Model { name: "default".into(), config: RopeConfig::new(128, 8192).base(500_000.0), hq: 32, hk: 8 }
+    }
+
+    /// A model's `config.json`: its RoPE settings (the full-attention layers' where they
+    /// differ per layer type) and head counts; the table is capped at 2^20 positions.
+    fn from_file(path: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let mut config = match RopeConfig::from_hf_config(&text) {
+            Err(Error::Config(ConfigError::LayerTypeNeeded { .. })) => {
+                RopeConfig::from_hf_config_layer(&text, "full_attention")?
+            }
+            other => other?,
+        };
+        config.max_position = config.max_position.min(1 << 20);
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        let json = if json.get("num_attention_heads").is_some() { &json } else { &json["text_config"] };
+        let heads = |keys: &[&str]| keys.iter().find_map(|k| json.get(*k).and_then(|v| v.as_u64()));
+        let hq = heads(&["num_attention_heads", "n_head"]).unwrap_or(32) as usize;
+        let hk = heads(&["num_key_value_heads"]).map_or(hq, |h| h as usize);
+        Ok(Model { name: path.to_string(), config, hq, hk })
+    }
+}
+
+/// One model-shaped row: 16 x 4096 tokens, the model's heads, i32 ids; checked on sampled
+/// tokens against the f64 reference of the model's frequencies, then timed against a copy of
+/// the bytes it must move (q and k read and written).
 fn model_case<T: RefElem>(
     kernels: &Kernels,
     stream: &Stream,
+    model: &Model,
     style: RopeStyle,
     mode: Mode,
 ) -> Result<Row, Box<dyn std::error::Error>> {
-    const MAX_POS: usize = 8192;
-    let (batch, seq, hq, hk, d) = (16, 4096, 32, 8, 128);
+    let (batch, seq, hq, hk, d) = (16, 4096, model.hq, model.hk, model.config.head_dim);
     let tokens = batch * seq;
-    let rope = Rope::new(kernels, RopeConfig::new(d, MAX_POS).base(500_000.0).style(style).dtype(T::DTYPE))?;
-    let ids: Vec<i32> = (0..tokens).map(|t| (splitmix64(t as u64) % MAX_POS as u64) as i32).collect();
+    let config = model.config.clone().style(style).dtype(T::DTYPE);
+    let max_pos = config.max_position;
+    let (freqs, attention) = config.frequencies()?;
+    let rope = Rope::new(kernels, config)?;
+    let ids: Vec<i32> = (0..tokens).map(|t| (splitmix64(t as u64) % max_pos as u64) as i32).collect();
     let ids_dev = DeviceBuffer::from_slice(&ids)?;
     let (q_layout, k_layout, lens) = if mode == Mode::PackedQkv {
         let row = (hq + 2 * hk) * d;
@@ -235,7 +311,7 @@ fn model_case<T: RefElem>(
             for h in 0..layout.heads() {
                 let start = layout.offset + (t / seq) * layout.strides[0] + (t % seq) * layout.strides[1] + h * d;
                 let x: Vec<f64> = host[buf][start..start + d].iter().map(|v| v.to_f64()).collect();
-                let y = rope_row(&x, ids[t] as f64, 500_000.0, d, style, Direction::Forward);
+                let y = rope_row_freqs(&x, ids[t] as f64, &freqs, attention, style, Direction::Forward);
                 for (j, want) in y.into_iter().enumerate() {
                     let g = got[buf][start + j];
                     worst_ulps = worst_ulps.max(g.ulps(T::round(want)));
@@ -262,7 +338,7 @@ fn model_case<T: RefElem>(
     };
     let style_name = if style == RopeStyle::NeoX { "neox" } else { "gptj" };
     Ok(Row {
-        shape: format!("{style_name} {} 16x4096 tok 32/8 h d128", T::NAME),
+        shape: format!("{style_name} {} 16x4096 tok {hq}/{hk} h d{d}", T::NAME),
         mode: mode_name,
         rel_err: error,
         rope: rope_t,
