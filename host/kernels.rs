@@ -20,8 +20,8 @@ pub(crate) struct Functions {
     /// `kv_{style}_{dtype}_{s,v,d,p}`, indexed `[style][dtype][width]` in the order of
     /// [`KV_ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; the widths of `kv::Width`.
     pub kv: [[[cuda::CUfunction; 4]; 3]; 2],
-    /// `kv_gptj_{f16,bf16}_{s,v}_t`: GPT-J with the caller's tables in the element type.
-    pub kv_elem_table: [[cuda::CUfunction; 2]; 2],
+    /// `kv_gptj_{f16,bf16}_{s,v,d}_t`: GPT-J with the caller's tables in the element type.
+    pub kv_elem_table: [[cuda::CUfunction; 3]; 2],
     /// `kv_claim`.
     pub kv_claim: cuda::CUfunction,
     /// `bench_empty` and `bench_spin`, for [`crate::bench`].
@@ -63,7 +63,7 @@ impl Kernels {
         for (slot, name) in kv.iter_mut().flatten().flatten().zip(KV_ENTRY_POINTS) {
             *slot = function(name)?;
         }
-        let mut kv_elem_table = [[std::ptr::null_mut(); 2]; 2];
+        let mut kv_elem_table = [[std::ptr::null_mut(); 3]; 2];
         for (slot, name) in kv_elem_table.iter_mut().flatten().zip(KV_ELEM_TABLE_ENTRY_POINTS) {
             *slot = function(name)?;
         }
@@ -172,5 +172,11 @@ pub const KV_ENTRY_POINTS: &[&str] = &[
 pub const BENCH_ENTRY_POINTS: &[&str] = &["bench_empty", "bench_spin"];
 
 /// The KV-cache entry points reading the caller's tables (GPT-J, 16-bit).
-pub const KV_ELEM_TABLE_ENTRY_POINTS: &[&str] =
-    &["kv_gptj_f16_s_t", "kv_gptj_f16_v_t", "kv_gptj_bf16_s_t", "kv_gptj_bf16_v_t"];
+pub const KV_ELEM_TABLE_ENTRY_POINTS: &[&str] = &[
+    "kv_gptj_f16_s_t",
+    "kv_gptj_f16_v_t",
+    "kv_gptj_f16_d_t",
+    "kv_gptj_bf16_s_t",
+    "kv_gptj_bf16_v_t",
+    "kv_gptj_bf16_d_t",
+];

@@ -98,8 +98,8 @@ pub struct RawKvArgs {
     pub slots: Option<(u64, usize)>,
 }
 
-// The reference operation launches the scanning kernels whatever width `plan_kv` chose: one
-// head per thread in every GPT-J kernel keeps the geometry the same.
+// The reference operation launches GPT-J kernels at the width `plan_kv` chose; its `_v_t`
+// kernels serve both claimed widths, so they must take one head per thread like `_p`.
 const _: () = assert!(kv_heads_per_thread(true, true, 2) == 1 && kv_heads_per_thread(true, true, 4) == 1);
 
 /// What the launch needs from the configuration (a [`Rope`]'s, or the reference op's).
@@ -312,17 +312,20 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
     };
     let views_ok = [args.q, Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)].iter().flatten().all(aligned);
     let vector = pairs_ok && hd % e == 0 && views_ok;
-    let (rot_lanes, cw) = match (vector, spec.style) {
-        (true, RopeStyle::NeoX) => (half / e, e),
-        (true, RopeStyle::GptJ) => (rot / e, e),
-        (false, _) => (half, 1),
-    };
     let claim = tokens > KV_SCAN_MAX_TOKENS;
     let width = match vector {
         false => Width::Scalar,
         true if !claim => Width::Decode,
         true if tokens <= KV_PREFILL_MAX_TOKENS => Width::Prefill,
         true => Width::Vector,
+    };
+    // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
+    // bound by each thread's chain of latencies, not by bandwidth).
+    let e = if width == Width::Decode { e / 2 } else { e };
+    let (rot_lanes, cw) = match (vector, spec.style) {
+        (true, RopeStyle::NeoX) => (half / e, e),
+        (true, RopeStyle::GptJ) => (rot / e, e),
+        (false, _) => (half, 1),
     };
     let g = match width {
         Width::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
@@ -601,11 +604,18 @@ impl<'k> KvUpdate<'k> {
         p.sin = addr(sin);
         p.error = self.errors.as_device_ptr().as_raw();
         let f = &self.kernels.functions;
-        // The scanning kernels, whatever `plan_kv` chose: they take an owner array too.
-        let vector = plan.width != Width::Scalar;
+        // The width `plan_kv` chose (GPT-J kernels take one head per thread at every width);
+        // 16-bit elements read the caller's tables through the `_t` kernels.
         let function = match T::DTYPE {
-            DType::F32 => f.kv[1][0][if vector { Width::Decode } else { Width::Scalar } as usize],
-            dt => f.kv_elem_table[dtype_index(dt) - 1][vector as usize],
+            DType::F32 => f.kv[1][0][plan.width as usize],
+            dt => {
+                let width = match plan.width {
+                    Width::Scalar => 0,
+                    Width::Vector | Width::Prefill => 1,
+                    Width::Decode => 2,
+                };
+                f.kv_elem_table[dtype_index(dt) - 1][width]
+            }
         };
         let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
         // SAFETY: `plan_kv` checked the views against the lengths above; the table lengths
@@ -666,7 +676,8 @@ mod tests {
     fn plans_lanes_items_and_widths() {
         let p = plan_kv(&spec(), &args()).unwrap().unwrap();
         assert_eq!(p.width, Width::Decode);
-        assert_eq!((p.params.rot_lanes, p.params.k_lanes, p.params.v_lanes), (8, 8, 16));
+        // 8-byte lanes (4 bf16) for the decode width.
+        assert_eq!((p.params.rot_lanes, p.params.k_lanes, p.params.v_lanes), (16, 16, 32));
         assert_eq!((p.params.block_size, p.params.num_slots, p.params.max_position), (16, 160, 4096));
         assert_eq!(p.params.cache_strides, [16 * 2 * 128, 2 * 128, 128]);
         assert!(!p.claim);

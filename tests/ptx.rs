@@ -41,12 +41,15 @@ fn ptx_targets_the_configured_arch() {
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let vector: Vec<_> = ENTRY_POINTS.iter().filter(|n| n.ends_with("_v")).collect();
     assert_eq!(vector.len(), 6);
-    // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache
-    // (tables in the element type are read 2 bytes at a time, through the read-only path).
+    // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
+    // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
+    // a time, through the read-only path).
     let kv = KV_ENTRY_POINTS.iter().chain(KV_ELEM_TABLE_ENTRY_POINTS).filter(|n| !n.contains("_s"));
     for name in kv {
         let b = body(name);
-        assert!(b.contains("ld.global.v4.b32") && b.contains("st.global.v4.b32"), "{name}: no 16-byte access");
+        let v = if name.contains("_d") { "v2" } else { "v4" };
+        let (ld, st) = (format!("ld.global.{v}.b32"), format!("st.global.{v}.b32"));
+        assert!(b.contains(&ld) && b.contains(&st), "{name}: no {v} access");
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16"] {
             assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
         }

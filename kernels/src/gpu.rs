@@ -99,6 +99,26 @@ unsafe fn st_v4(p: *mut u8, v: Bits) {
 }
 
 #[inline(always)]
+unsafe fn ld_v2(p: *const u8) -> Bits {
+    let (a, b): (u32, u32);
+    asm!(
+        "ld.global.v2.b32 {{{}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, 0, 0]
+}
+
+#[inline(always)]
+unsafe fn st_v2(p: *mut u8, v: Bits) {
+    asm!(
+        "st.global.v2.b32 [{}], {{{}, {}}};",
+        in(reg64) p, in(reg32) v[0], in(reg32) v[1],
+        options(nostack, preserves_flags),
+    );
+}
+
+#[inline(always)]
 unsafe fn ld_b32(p: *const u8) -> u32 {
     let v: u32;
     asm!("ld.global.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
@@ -208,6 +228,8 @@ impl Elem for Bf16 {
 
 /// 16 bytes per access: 4 f32 or 8 16-bit elements.
 pub struct Vec16<T>(core::marker::PhantomData<T>);
+/// 8 bytes per access: half the work per thread of [`Vec16`], for latency-bound launches.
+pub struct Vec8<T>(core::marker::PhantomData<T>);
 /// One element per access.
 pub struct One<T>(core::marker::PhantomData<T>);
 /// Two elements (one interleaved pair) per access, element by element.
@@ -240,6 +262,32 @@ impl<T: Elem> Io for Vec16<T> {
     #[inline(always)]
     unsafe fn copy(src: *const u8, dst: *mut u8) {
         st_v4(dst, ld_v4(src));
+    }
+}
+
+impl<T: Elem> Io for Vec8<T> {
+    const NARROW: Option<Narrow> = T::NARROW;
+    const E: usize = 8 / T::SIZE;
+    const SIZE: usize = T::SIZE;
+    #[inline(always)]
+    unsafe fn load_raw(p: *const u8) -> Bits {
+        ld_v2(p)
+    }
+    #[inline(always)]
+    fn get(w: &Bits, i: usize) -> f32 {
+        Vec16::<T>::get(w, i)
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
+        put_elem::<T>(out, pending, i, v)
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        st_v2(p, v);
+    }
+    #[inline(always)]
+    unsafe fn copy(src: *const u8, dst: *mut u8) {
+        st_v2(dst, ld_v2(src));
     }
 }
 

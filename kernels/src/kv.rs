@@ -4,7 +4,7 @@
 use crate::entry::{position, ElemTable, Entries, F32Table, GptJ, NeoX, Rows, Style, TableElem, Tables};
 use crate::gpu::{
     atomic_add_u64, atomic_max_u64, atomic_min_u64, block_dim, block_idx, load_i64, sync_threads, thread_idx, Bf16, Io,
-    One, Two, Vec16, F16, F32,
+    One, Two, Vec16, Vec8, F16, F32,
 };
 use crate::params::{groups, kv_heads_per_thread, work_item, ErrorRecord, HeadsView, KvParams};
 
@@ -111,11 +111,28 @@ fn block_tokens(p: &KvParams) -> (u32, u32) {
     (first, if first > last { 0 } else { last - first + 1 })
 }
 
-/// The scan of the scanning kernels, which every thread of the block runs: the block loads
-/// every token's position and slot once, then its threads compare the later tokens' slots
-/// with the block's own tokens' in parallel (a later token wins a repeated slot).
+/// Token `j`'s raw slot entry and position, for the block-wide scan.
 #[inline(always)]
-unsafe fn block_scan(p: &KvParams) -> Shared {
+unsafe fn scan_token(p: &KvParams, j: u32) -> (i64, i64) {
+    let (seq, index) = p.seq_div.divmod(j);
+    (raw_slot(p, j), position(p.position_mode, p.positions, j, seq, index))
+}
+
+/// The scan's loads for this thread's first two tokens (`thread`, `thread + block_dim`),
+/// issued before anything waits on them.
+#[inline(always)]
+unsafe fn scan_loads(p: &KvParams) -> (Option<(i64, i64)>, Option<(i64, i64)>) {
+    let (tid, bd) = (thread_idx().0, block_dim().0);
+    let load = |j: u32| (j < p.tokens).then(|| scan_token(p, j));
+    (load(tid), load(tid + bd))
+}
+
+/// The scan of the scanning kernels, which every thread of the block runs: the block loads
+/// every token's position and slot once (`loaded`: this thread's first two, from
+/// [`scan_loads`]), then its threads compare the later tokens' slots with the block's own
+/// tokens' in parallel (a later token wins a repeated slot).
+#[inline(always)]
+unsafe fn block_scan(p: &KvParams, loaded: (Option<(i64, i64)>, Option<(i64, i64)>)) -> Shared {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
     let s = Shared {
@@ -126,15 +143,22 @@ unsafe fn block_scan(p: &KvParams) -> Shared {
     };
     let (first, count) = block_tokens(p);
     let (tid, bd) = (thread_idx().0, block_dim().0);
-    let mut j = tid;
-    while j < p.tokens {
-        let raw = raw_slot(p, j);
-        let (seq, index) = p.seq_div.divmod(j);
-        let pos = position(p.position_mode, p.positions, j, seq, index);
+    let store = |j: u32, (raw, pos): (i64, i64)| {
         let valid = pos >= 0 && pos < p.max_position as i64;
         let n = if valid { slot(p, j, pos as u32, raw, false) } else { None };
         *s.positions.add(j as usize) = pos;
         *s.targets.add(j as usize) = n.unwrap_or(u64::MAX);
+    };
+    if let Some(l) = loaded.0 {
+        store(tid, l);
+    }
+    if let Some(l) = loaded.1 {
+        store(tid + bd, l);
+    }
+    // Blocks smaller than half the scan's tokens: the rest, one at a time.
+    let mut j = tid + 2 * bd;
+    while j < p.tokens {
+        store(j, scan_token(p, j));
         j += bd;
     }
     if tid < count {
@@ -257,15 +281,16 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
     let mut entries = Entries::none();
     let target = if shared {
-        // The rotating items load their position and table entries before the scan, whose
-        // loads and barriers they then overlap.
+        // The scan's loads first; then the rotating items load their position and table
+        // entries, which overlap the scan's barriers.
+        let loaded = scan_loads(p);
         if item.is_some() && rotating {
             let own = position(p.position_mode, p.positions, t, b as u32, s as u32);
             if own >= 0 && own < p.max_position as i64 {
                 entries = S::entries::<R, B>(lane, own as usize, p);
             }
         }
-        let scan = block_scan(p);
+        let scan = block_scan(p, loaded);
         if item.is_none() {
             return;
         }
@@ -331,8 +356,10 @@ pub unsafe extern "ptx-kernel" fn kv_claim(p: KvParams) {
 }
 
 /// Defines one entry point per (style, dtype, width, tables). `_v`: 16-byte accesses, several
-/// heads per thread, owner array only; `_p`: one head per thread, owner array only; `_d`: one
-/// head per thread, scan or owner array; `_s`: scalar, either.
+/// heads per thread, owner array only; `_p`: 16 bytes, one head per thread, owner array only;
+/// `_d`: 8 bytes, one head per thread, block scan or owner array (few tokens: half the work
+/// per thread); `_s`: element by element, either. `_t`: the caller's tables (the reference
+/// operation).
 macro_rules! kv_kernels {
     ($($name:ident: $style:ty, $rot:ty, $copy:ty, $table:ty, $g:expr, $scan:expr;)*) => {$(
         /// KV-cache entry point; see [`KvParams`] for the mapping and [`kv_append`] for the
@@ -355,30 +382,32 @@ const GPTJ: u32 = kv_heads_per_thread(true, true, 2);
 kv_kernels! {
     kv_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, F32Table, V4, false;
     kv_neox_f32_p: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
-    kv_neox_f32_d: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, true;
+    kv_neox_f32_d: NeoX, Vec8<F32>, Vec8<F32>, F32Table, 1, true;
     kv_neox_f32_s: NeoX, One<F32>, One<F32>, F32Table, 1, true;
     kv_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, F32Table, V2, false;
     kv_neox_f16_p: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
-    kv_neox_f16_d: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, true;
+    kv_neox_f16_d: NeoX, Vec8<F16>, Vec8<F16>, F32Table, 1, true;
     kv_neox_f16_s: NeoX, One<F16>, One<F16>, F32Table, 1, true;
     kv_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, V2, false;
     kv_neox_bf16_p: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
-    kv_neox_bf16_d: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, true;
+    kv_neox_bf16_d: NeoX, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true;
     kv_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, F32Table, 1, true;
     kv_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, F32Table, GPTJ, false;
     kv_gptj_f32_p: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
-    kv_gptj_f32_d: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, true;
+    kv_gptj_f32_d: GptJ, Vec8<F32>, Vec8<F32>, F32Table, 1, true;
     kv_gptj_f32_s: GptJ, Two<F32>, One<F32>, F32Table, 1, true;
     kv_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, F32Table, GPTJ, false;
     kv_gptj_f16_p: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
-    kv_gptj_f16_d: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, true;
+    kv_gptj_f16_d: GptJ, Vec8<F16>, Vec8<F16>, F32Table, 1, true;
     kv_gptj_f16_s: GptJ, Two<F16>, One<F16>, F32Table, 1, true;
     kv_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, GPTJ, false;
     kv_gptj_bf16_p: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
-    kv_gptj_bf16_d: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, true;
+    kv_gptj_bf16_d: GptJ, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true;
     kv_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, F32Table, 1, true;
-    kv_gptj_f16_v_t: GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, GPTJ, true;
+    kv_gptj_f16_v_t: GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, GPTJ, false;
+    kv_gptj_f16_d_t: GptJ, Vec8<F16>, Vec8<F16>, ElemTable<F16>, 1, true;
     kv_gptj_f16_s_t: GptJ, Two<F16>, One<F16>, ElemTable<F16>, 1, true;
-    kv_gptj_bf16_v_t: GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, GPTJ, true;
+    kv_gptj_bf16_v_t: GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, GPTJ, false;
+    kv_gptj_bf16_d_t: GptJ, Vec8<Bf16>, Vec8<Bf16>, ElemTable<Bf16>, 1, true;
     kv_gptj_bf16_s_t: GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, 1, true;
 }
