@@ -63,6 +63,7 @@
 pub mod bench;
 mod config;
 mod error;
+mod graph;
 mod hf_config;
 mod kernels;
 mod kv;
@@ -76,6 +77,7 @@ mod tensor;
 
 pub use config::{DType, Direction, RopeConfig, RopeStyle};
 pub use error::{ConfigError, Error, Result};
+pub use graph::Graph;
 pub use hf_config::INTERLEAVED_MODEL_TYPES;
 pub use kernels::{Kernels, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
 pub use kv::{KvCache, KvShape, KvUpdate, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};

@@ -8,8 +8,8 @@ use half::bf16;
 use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, Timing};
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::{
-    DType, Direction, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor,
-    TensorMut,
+    DType, Direction, Graph, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle,
+    Tensor, TensorMut,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -187,6 +187,10 @@ fn step(
             rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)
         })?;
         let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
+        // The same step captured once into a CUDA graph and replayed.
+        let graph = Graph::capture(stream, || fused(&mut dq, &mut kc, &mut vc))?;
+        let replay = time_device(kernels, stream, 20, runs, || graph.launch(stream))?;
+        let replay_batched = time_batched(stream, 20, 50, 20, || graph.launch(stream))?;
         let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host = host_time(kernels, stream, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host_empty = host_time(kernels, stream, 50, 20, || empty(kernels, stream, 1))?;
@@ -199,6 +203,20 @@ fn step(
             what: shape.clone(),
             op: device,
             against: Against::Baseline("RoPE, then append", base_device),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "decode, graph replay",
+            what: format!("{shape}, device"),
+            op: replay,
+            against: Against::Baseline("eager launch", device),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "decode, graph back to back",
+            what: format!("bf16 {seqs}x{new} tok, 20 replays queued"),
+            op: replay_batched,
+            against: Against::Baseline("eager, back to back", batched),
             ulps: 0,
         });
         extra.push(KvRow {
