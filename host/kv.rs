@@ -699,6 +699,30 @@ mod tests {
         assert_eq!((p.params.rot_lanes, p.params.k_lanes, p.params.v_lanes), (32, 32 + 64, 128));
     }
 
+    /// The plan of every launch (decode and claimed sizes, paged and contiguous) allocates
+    /// nothing: the launch path is safe inside stream capture and adds no allocator time.
+    #[test]
+    fn planning_allocates_nothing() {
+        let mut contiguous = args();
+        contiguous.cache.k = tensor(4, Layout::bshd(2, 100, 2, 128));
+        contiguous.cache.v = tensor(5, Layout::bshd(2, 100, 2, 128));
+        contiguous.cache.paged = false;
+        contiguous.slots = None;
+        let mut large = args();
+        large.q = Some(tensor(1, Layout::bshd(2, 300, 8, 128)));
+        large.k = tensor(2, Layout::bshd(2, 300, 2, 128));
+        large.v = tensor(3, Layout::bshd(2, 300, 2, 128));
+        large.cache.k = tensor(4, Layout::bshd(100, 16, 2, 128));
+        large.cache.v = tensor(5, Layout::bshd(100, 16, 2, 128));
+        large.positions.len = 600;
+        large.slots = Some((7 * BASE, 600));
+        for a in [args(), contiguous, large] {
+            let (plan, allocations) = crate::alloc_count::count(|| plan_kv(&spec(), &a));
+            assert!(plan.unwrap().is_some());
+            assert_eq!(allocations, 0, "{a:?}");
+        }
+    }
+
     #[test]
     fn each_bad_input_has_its_own_error() {
         let a = args();
