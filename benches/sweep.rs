@@ -17,12 +17,11 @@
 use std::error::Error as StdError;
 use std::fmt::Write as _;
 
-use cust::event::{Event, EventFlags};
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::{Stream, StreamFlags};
 use cust::sys as cuda;
 use half::{bf16, f16};
-use rope_cuda::bench::{copy_d2d, empty, time_device, time_op, Timing};
+use rope_cuda::bench::{copy_d2d, empty, time_after, time_device, time_op, Timing};
 use rope_cuda::reference::splitmix64;
 use rope_cuda::{
     DType, Direction, Element, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle,
@@ -56,36 +55,6 @@ fn filled<T: DeviceCopy>(n: usize, word: u32, stream: &Stream) -> Res<DeviceBuff
     Ok(buf)
 }
 
-/// Times `op` `runs` times after `warmup` runs; with `flush`, a 512 MiB memset before each
-/// timed run evicts L2 (outside the events).
-fn timed(
-    stream: &Stream,
-    flush: Option<&DeviceBuffer<u32>>,
-    warmup: usize,
-    runs: usize,
-    mut op: impl FnMut() -> rope_cuda::Result<()>,
-) -> Res<Timing> {
-    for _ in 0..warmup {
-        op()?;
-    }
-    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        if let Some(f) = flush {
-            // SAFETY: `f` holds `f.len()` words.
-            unsafe { cuda::cuMemsetD32Async(f.as_device_ptr().as_raw(), 0, f.len(), stream.as_inner()) };
-        }
-        start.record(stream)?;
-        op()?;
-        stop.record(stream)?;
-        stop.synchronize()?;
-        times.push(stop.elapsed_time_f32(&start)? as f64 * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
-    Ok(Timing { median_us: at(0.5), p90_us: at(0.9), runs })
-}
-
 /// Times `op` and a copy of `bytes / 2` bytes (a copy reads and writes each byte once), with
 /// and without the flush.
 fn measure(
@@ -100,10 +69,21 @@ fn measure(
     let runs = if bytes > 1 << 28 { 10 } else { 30 };
     let words = (bytes / 8).max(1) as usize;
     let (src, mut dst) = (filled::<u32>(words, 1, stream)?, filled::<u32>(words, 2, stream)?);
-    for f in [None, Some(flush)] {
-        let op_t = timed(stream, f, 3, runs, &mut op)?;
-        let copy = timed(stream, f, 3, runs, || copy_d2d(&src, &mut dst, stream))?;
-        points.push(Point { kernel: kernel.into(), tokens, flush: f.is_some(), op: op_t, copy, bytes });
+    // With the flush, a 512 MiB memset before each timed run evicts L2 (outside the events).
+    let evict = |on: bool| {
+        move || {
+            if on {
+                // SAFETY: `flush` holds `flush.len()` words.
+                let raw = flush.as_device_ptr().as_raw();
+                unsafe { cuda::cuMemsetD32Async(raw, 0, flush.len(), stream.as_inner()) };
+            }
+            Ok(())
+        }
+    };
+    for f in [false, true] {
+        let op_t = time_after(stream, 3, runs, evict(f), &mut op)?;
+        let copy = time_after(stream, 3, runs, evict(f), || copy_d2d(&src, &mut dst, stream))?;
+        points.push(Point { kernel: kernel.into(), tokens, flush: f, op: op_t, copy, bytes });
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ impl Timing {
 /// events, so an operation shorter than its own queueing counts the host's time too (as a
 /// caller that launches and waits sees it); [`time_device`] leaves that out.
 pub fn time_op(stream: &Stream, warmup: usize, runs: usize, op: impl FnMut() -> Result<()>) -> Result<Timing> {
-    timed(stream, warmup, runs, || Ok(()), op)
+    time_after(stream, warmup, runs, || Ok(()), op)
 }
 
 /// Like [`time_op`], but before each timed run the stream spins on the device long enough for
@@ -46,10 +46,12 @@ pub fn time_device(
     runs: usize,
     op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
-    timed(stream, warmup, runs, || spin(kernels, stream, 200_000), op)
+    time_after(stream, warmup, runs, || spin(kernels, stream, 200_000), op)
 }
 
-fn timed(
+/// Like [`time_op`], with `before` queued ahead of each timed run, outside the events (a
+/// spin, an L2 flush).
+pub fn time_after(
     stream: &Stream,
     warmup: usize,
     runs: usize,

@@ -7,6 +7,8 @@
 
 use std::f64::consts::PI;
 
+use rope_cuda_kernels::math::inv_freq;
+
 use crate::error::{Error, Result};
 
 /// How the frequencies of plain RoPE are changed for long contexts (`rope_type` in a model's
@@ -139,7 +141,7 @@ impl RopeScaling {
     ) -> Result<(Vec<f64>, f64)> {
         let dim = rotary_dim as f64;
         let half = rotary_dim / 2;
-        let plain = |base: f64| -> Vec<f64> { (0..half).map(|i| 1.0 / base.powf((2 * i) as f64 / dim)).collect() };
+        let plain = |base: f64| -> Vec<f64> { (0..half).map(|i| inv_freq(base, rotary_dim, i)).collect() };
         Ok(match self {
             RopeScaling::Default => (plain(base), 1.0),
             RopeScaling::Linear { factor } => {

@@ -9,14 +9,10 @@
 
 mod common;
 
-use common::{download_t, gpu, test_seed, upload_t, TestElem};
+use common::{download_t, gpu, row_at, test_seed, upload_t, TestElem};
 use half::bf16;
 use rope_cuda::reference::{rope_row, uniform};
 use rope_cuda::{Direction, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
-
-fn row_at(l: &Layout, block: usize, within: usize, h: usize) -> usize {
-    l.offset + block * l.strides[0] + within * l.strides[1] + h * l.strides[2]
-}
 
 /// A decode step captured into a CUDA graph once, then replayed three times with new
 /// positions, slots and inputs written into the captured buffers between replays: q and

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{data_file, download_t, gpu, test_seed, upload_t, Gpu, Reader, TestElem};
+use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, Gpu, Reader, TestElem};
 use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
@@ -261,11 +261,6 @@ struct Case {
 
 const MAX_POS: usize = 4096;
 const BASE: f64 = 10_000.0;
-
-/// Element offset of row (block, within, head) of `layout`.
-fn row_at(l: &Layout, block: usize, within: usize, h: usize) -> usize {
-    l.offset + block * l.strides[0] + within * l.strides[1] + h * l.strides[2]
-}
 
 /// Runs one fused append and checks q, both caches (every element) against the model.
 fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {

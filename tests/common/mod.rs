@@ -174,3 +174,8 @@ pub fn download_t<T: cust::memory::DeviceCopy + Default + Clone>(dev: &DeviceSli
     dev.copy_to(&mut host).expect("download");
     host
 }
+
+/// Element offset of row `(block, within, h)` of a cache laid out as `l`.
+pub fn row_at(l: &rope_cuda::Layout, block: usize, within: usize, h: usize) -> usize {
+    l.offset + block * l.strides[0] + within * l.strides[1] + h * l.strides[2]
+}
