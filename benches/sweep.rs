@@ -8,6 +8,9 @@
 //! cargo bench --bench sweep [-- OUT_DIR]
 //! ```
 //!
+//! `SWEEP_ONLY=a|b|..` keeps the kernels whose name contains one of the substrings, and `SWEEP_TOKENS=a,b,..`
+//! replaces the token counts (for focused runs; the committed results are full sweeps).
+//!
 //! 32 q / 8 kv heads of 128 throughout; RoPE in place with i32 ids; the fused append as a
 //! decode batch (one token per sequence) into a paged cache (blocks of 16, `[blocks, bs, H, D]`
 //! and `[blocks, H, bs, D]`) or one sequence into a contiguous `[1, S, H, D]` cache; the
@@ -88,11 +91,24 @@ fn measure(
     Ok(())
 }
 
+/// The token counts to sweep: `SWEEP_TOKENS` or [`TOKENS`].
+fn token_counts() -> Vec<usize> {
+    match std::env::var("SWEEP_TOKENS") {
+        Ok(v) => v.split(',').filter_map(|t| t.trim().parse().ok()).collect(),
+        Err(_) => TOKENS.to_vec(),
+    }
+}
+
+/// Whether kernel `name` is swept (`SWEEP_ONLY`).
+fn wanted(name: &str) -> bool {
+    std::env::var("SWEEP_ONLY").map_or(true, |only| only.split('|').any(|o| name.contains(o)))
+}
+
 fn ids(tokens: usize) -> Vec<i32> {
     (0..tokens).map(|t| (splitmix64(t as u64) % MAX_POS as u64) as i32).collect()
 }
 
-/// RoPE in place on q and k.
+/// RoPE in place on q and k (or q only, `q_only`).
 fn rope_points<T: Element + DeviceCopy>(
     points: &mut Vec<Point>,
     kernels: &Kernels,
@@ -100,17 +116,23 @@ fn rope_points<T: Element + DeviceCopy>(
     flush: &DeviceBuffer<u32>,
     style: RopeStyle,
     one: u32,
+    q_only: bool,
 ) -> Res<()> {
     let rope = Rope::new(kernels, RopeConfig::new(D, MAX_POS).base(500_000.0).style(style).dtype(T::DTYPE))?;
     let name = format!("rope {} {}", if style == RopeStyle::NeoX { "neox" } else { "gptj" }, T::DTYPE.name());
-    for tokens in TOKENS {
+    let name = if q_only { format!("{name}, q only") } else { name };
+    if !wanted(&name) {
+        return Ok(());
+    }
+    for tokens in token_counts() {
         let (mut q, mut k) = (filled::<T>(tokens * HQ * D, one, stream)?, filled::<T>(tokens * HK * D, one, stream)?);
         let pos = DeviceBuffer::from_slice(&ids(tokens))?;
-        let bytes = (2 * tokens * (HQ + HK) * D * T::DTYPE.size()) as u64;
+        let bytes = (2 * tokens * (HQ + HK * !q_only as usize) * D * T::DTYPE.size()) as u64;
         measure(points, stream, flush, &name, tokens, bytes, || {
             let mut tq = TensorMut::new(&mut q, Layout::bshd(1, tokens, HQ, D));
             let mut tk = TensorMut::new(&mut k, Layout::bshd(1, tokens, HK, D));
-            rope.apply_in_place(&mut tq, Some(&mut tk), Positions::Ids(&pos), Direction::Forward, stream)
+            let k = (!q_only).then_some(&mut tk);
+            rope.apply_in_place(&mut tq, k, Positions::Ids(&pos), Direction::Forward, stream)
         })?;
     }
     Ok(())
@@ -123,17 +145,27 @@ enum Cache {
     Contiguous,
 }
 
-/// The fused append (q rotated in place too), bf16 NeoX.
+/// The fused append, bf16 NeoX: q rotated in place too (`with_q`), or keys and values only.
 fn append_points(
     points: &mut Vec<Point>,
     kernels: &Kernels,
     stream: &Stream,
     flush: &DeviceBuffer<u32>,
     cache: Cache,
+    with_q: bool,
 ) -> Res<()> {
     let one = 0x3F80_3F80; // bf16 1.0, twice
     let bs = 16;
-    for tokens in TOKENS {
+    let name = match cache {
+        Cache::PagedBshd => "append paged [blocks, bs, H, D]",
+        Cache::PagedBhsd => "append paged [blocks, H, bs, D]",
+        Cache::Contiguous => "append contiguous [B, S, H, D]",
+    };
+    let name = if with_q { name.to_string() } else { format!("{name}, k/v only") };
+    if !wanted(&name) {
+        return Ok(());
+    }
+    for tokens in token_counts() {
         let max_pos = if cache == Cache::Contiguous { tokens } else { MAX_POS };
         let rope = Rope::new(kernels, RopeConfig::new(D, max_pos).base(500_000.0).dtype(DType::BF16))?;
         let (seqs, seq) = if cache == Cache::Contiguous { (1, tokens) } else { (tokens, 1) };
@@ -154,13 +186,8 @@ fn append_points(
         let positions: Vec<i32> = if cache == Cache::Contiguous { (0..tokens as i32).collect() } else { ids(tokens) };
         let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
         let paged = cache != Cache::Contiguous;
-        let bytes = (tokens * (2 * HQ + 4 * HK) * D * 2) as u64;
-        let name = match cache {
-            Cache::PagedBshd => "append paged [blocks, bs, H, D]",
-            Cache::PagedBhsd => "append paged [blocks, H, bs, D]",
-            Cache::Contiguous => "append contiguous [B, S, H, D]",
-        };
-        measure(points, stream, flush, name, tokens, bytes, || {
+        let bytes = (tokens * (2 * HQ * with_q as usize + 4 * HK) * D * 2) as u64;
+        measure(points, stream, flush, &name, tokens, bytes, || {
             let mut tq = TensorMut::new(&mut q, Layout::bshd(seqs, seq, HQ, D));
             let (tk, tv) =
                 (Tensor::new(&k, Layout::bshd(seqs, seq, HK, D)), Tensor::new(&v, Layout::bshd(seqs, seq, HK, D)));
@@ -170,7 +197,8 @@ fn append_points(
                 KvCache::contiguous(&mut kc, &mut vc, layout)
             };
             let slots = paged.then_some(&*dslots);
-            rope.append_kv(Some(&mut tq), &tk, &tv, &mut c, Positions::Ids(&dpos), slots, stream)
+            let q = with_q.then_some(&mut tq);
+            rope.append_kv(q, &tk, &tv, &mut c, Positions::Ids(&dpos), slots, stream)
         })?;
     }
     Ok(())
@@ -185,7 +213,10 @@ fn reference_points(points: &mut Vec<Point>, kernels: &Kernels, stream: &Stream,
     let (ck, cv) = (filled::<bf16>(cache_n, one, stream)?, filled::<bf16>(cache_n, one, stream)?);
     let (cos, sin) = (filled::<bf16>(s * D / 2, one, stream)?, filled::<bf16>(s * D / 2, 0, stream)?);
     let mut out = filled::<bf16>(2 * cache_n, 0, stream)?;
-    for tokens in TOKENS.into_iter().filter(|&t| t >= b && t / b <= s) {
+    if !wanted("reference update") {
+        return Ok(());
+    }
+    for tokens in token_counts().into_iter().filter(|&t| t >= b && t / b <= s) {
         let t = tokens / b;
         let shape = KvShape { batch: b, new_tokens: t, heads: h, head_dim: D, cache_len: s };
         let (kn, vn) = (filled::<bf16>(b * t * h * D, one, stream)?, filled::<bf16>(b * t * h * D, one, stream)?);
@@ -247,13 +278,15 @@ fn main() -> Res<()> {
     let empty_eager = time_op(&stream, 20, 200, || empty(&kernels, &stream, 1))?;
     let mut points = Vec::new();
     for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
-        rope_points::<f32>(&mut points, &kernels, &stream, &flush, style, 0x3F80_0000)?;
-        rope_points::<f16>(&mut points, &kernels, &stream, &flush, style, 0x3C00_3C00)?;
-        rope_points::<bf16>(&mut points, &kernels, &stream, &flush, style, 0x3F80_3F80)?;
+        rope_points::<f32>(&mut points, &kernels, &stream, &flush, style, 0x3F80_0000, false)?;
+        rope_points::<f16>(&mut points, &kernels, &stream, &flush, style, 0x3C00_3C00, false)?;
+        rope_points::<bf16>(&mut points, &kernels, &stream, &flush, style, 0x3F80_3F80, false)?;
     }
+    rope_points::<bf16>(&mut points, &kernels, &stream, &flush, RopeStyle::NeoX, 0x3F80_3F80, true)?;
     for cache in [Cache::PagedBshd, Cache::PagedBhsd, Cache::Contiguous] {
-        append_points(&mut points, &kernels, &stream, &flush, cache)?;
+        append_points(&mut points, &kernels, &stream, &flush, cache, true)?;
     }
+    append_points(&mut points, &kernels, &stream, &flush, Cache::PagedBshd, false)?;
     reference_points(&mut points, &kernels, &stream, &flush)?;
 
     std::fs::create_dir_all(&out_dir)?;
@@ -286,16 +319,20 @@ fn main() -> Res<()> {
         empty_device.median_us, empty_eager.median_us, out_dir
     );
     println!();
-    print!("{:<34}", "median us (% of copy), no flush");
-    for t in [1, 64, 4096, 131072] {
+    let shown = match std::env::var("SWEEP_TOKENS") {
+        Ok(_) => token_counts().into_iter().take(4).collect(),
+        Err(_) => vec![1, 64, 4096, 131072],
+    };
+    print!("{:<40}", "median us (% of copy), no flush");
+    for &t in &shown {
         print!(" {:>20}", format!("{t} tokens"));
     }
     println!();
     let mut kernels_seen: Vec<&str> = points.iter().map(|p| p.kernel.as_str()).collect();
     kernels_seen.dedup();
     for k in kernels_seen {
-        print!("{k:<34}");
-        for t in [1, 64, 4096, 131072] {
+        print!("{k:<40}");
+        for &t in &shown {
             match points.iter().find(|p| p.kernel == k && p.tokens == t && !p.flush) {
                 Some(p) => print!(" {:>20}", format!("{:.2} ({:.1}%)", p.op.median_us, pct(p))),
                 None => print!(" {:>20}", "-"),

@@ -14,9 +14,9 @@ pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_cuda_kernels
 /// The kernels' entry points, resolved once when the module is loaded.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Functions {
-    /// `rope_{style}_{dtype}_{s,v}`, indexed `[style][dtype][vector]` in the order of
-    /// [`ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; scalar, 16-byte.
-    pub rope: [[[cuda::CUfunction; 2]; 3]; 2],
+    /// `rope_{style}_{dtype}_{s,v,p}`, indexed `[style][dtype][width]` in the order of
+    /// [`ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; the widths of `rope::Width`.
+    pub rope: [[[cuda::CUfunction; 3]; 3]; 2],
     /// `kv_{style}_{dtype}_{s,v,d,p}`, indexed `[style][dtype][width]` in the order of
     /// [`KV_ENTRY_POINTS`]: NeoX, GPT-J; f32, f16, bf16; the widths of `kv::Width`.
     pub kv: [[[cuda::CUfunction; 4]; 3]; 2],
@@ -54,7 +54,7 @@ impl Kernels {
         let function = |name: &'static str| -> Result<cuda::CUfunction> {
             module.get_function(name).map(|f| f.to_raw()).map_err(|source| Error::KernelLoad { name, source })
         };
-        let mut rope = [[[std::ptr::null_mut(); 2]; 3]; 2];
+        let mut rope = [[[std::ptr::null_mut(); 3]; 3]; 2];
         let slots = rope.iter_mut().flatten().flatten();
         for (slot, name) in slots.zip(ENTRY_POINTS) {
             *slot = function(name)?;
@@ -122,22 +122,28 @@ pub(crate) unsafe fn launch<P>(
     )
 }
 
-const _: () = assert!(ENTRY_POINTS.len() == 2 * 3 * 2, "one entry point per style, dtype and width");
+const _: () = assert!(ENTRY_POINTS.len() == 2 * 3 * 3, "one entry point per style, dtype and width");
 
 /// Every entry point of the PTX; [`Kernels::load`] resolves each one.
 pub const ENTRY_POINTS: &[&str] = &[
     "rope_neox_f32_s",
     "rope_neox_f32_v",
+    "rope_neox_f32_p",
     "rope_neox_f16_s",
     "rope_neox_f16_v",
+    "rope_neox_f16_p",
     "rope_neox_bf16_s",
     "rope_neox_bf16_v",
+    "rope_neox_bf16_p",
     "rope_gptj_f32_s",
     "rope_gptj_f32_v",
+    "rope_gptj_f32_p",
     "rope_gptj_f16_s",
     "rope_gptj_f16_v",
+    "rope_gptj_f16_p",
     "rope_gptj_bf16_s",
     "rope_gptj_bf16_v",
+    "rope_gptj_bf16_p",
 ];
 
 /// The KV-cache entry points; [`Kernels::load`] resolves each one.

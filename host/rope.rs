@@ -166,7 +166,7 @@ impl<'k> Rope<'k> {
         params.error = self.errors.as_device_ptr().as_raw();
         let f = &self.kernels.functions.rope;
         let function =
-            f[(self.config.style == RopeStyle::GptJ) as usize][dtype_index(self.config.dtype)][plan.vector as usize];
+            f[(self.config.style == RopeStyle::GptJ) as usize][dtype_index(self.config.dtype)][plan.width as usize];
         // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
         // alignment for the chosen width, and the positions buffer's length; the table and
         // the error record belong to this Rope.
@@ -240,11 +240,23 @@ pub(crate) fn dtype_index(dtype: DType) -> usize {
     }
 }
 
+/// Which entry point a launch takes (the index into `Functions::rope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Width {
+    /// `_s`: element by element.
+    Scalar = 0,
+    /// `_v`: 16-byte accesses, [`heads_per_thread`] heads per thread.
+    Vector = 1,
+    /// `_p`: 16-byte accesses, one head per thread.
+    Single = 2,
+}
+
 /// A validated launch, without the addresses that belong to the [`Rope`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Plan {
     pub params: RopeParams,
     pub vector: bool,
+    pub width: Width,
     pub geometry: Geometry,
 }
 
@@ -383,7 +395,22 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
         ..Default::default()
     };
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
-    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { params: RopeParams { chunk, ..params }, vector, geometry }))
+    // In place with several heads per thread, heads whose rows share 128-byte lines run far
+    // slower (the H200, Phi-3's head_dim 96 in bf16: 20.7% of copy bandwidth against 75% with
+    // one head per thread; the same heads out of place: 87.6%), so those take one head each.
+    let shared_lines = ops().any(|op| (op.input.layout.strides[2] * size) % 128 != 0);
+    let width = match (vector, in_place && g > 1 && shared_lines) {
+        (false, _) => Width::Scalar,
+        (true, false) => Width::Vector,
+        (true, true) => Width::Single,
+    };
+    let g = if width == Width::Single { 1 } else { g };
+    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan {
+        params: RopeParams { chunk, ..params },
+        vector,
+        width,
+        geometry,
+    }))
 }
 
 /// Checks `positions` for `batch` sequences of `seq` tokens against a table of `max_position`
@@ -485,6 +512,21 @@ mod tests {
         let p = plan(&config, &RawArgs { q_out: out, k_out, ..args }).unwrap().unwrap();
         assert_eq!((p.params.rot_lanes, p.params.copy_lanes), (64 / 8, 64 / 8));
         assert_eq!(p.params.sin_sign, 1.0);
+    }
+
+    #[test]
+    fn in_place_heads_sharing_lines_take_one_head_per_thread() {
+        // bf16 head_dim 96: rows of 192 bytes share 128-byte lines.
+        let (config, mut args) = args_with(RopeConfig::new(96, 64), DType::BF16);
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert_eq!(p.width, Width::Single);
+        assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
+        // Out of place, or rows of whole lines: the measured heads per thread.
+        args.q_out = Some(tensor(4 * BASE, args.q.layout));
+        args.k_out = Some(tensor(5 * BASE, args.k.unwrap().layout));
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+        let (config, args) = args_with(RopeConfig::new(128, 64), DType::BF16);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
     }
 
     #[test]

@@ -35,12 +35,12 @@ fn ptx_targets_the_configured_arch() {
     assert!(PTX.contains(&format!(".target {ARCH}")), "PTX is not for {ARCH}");
 }
 
-/// The `_v` kernels move q and k only in 16-byte accesses; the `_s` kernels are the fallback
-/// for views whose addresses or dims do not allow it.
+/// The `_v` and `_p` kernels move q and k only in 16-byte accesses; the `_s` kernels are the
+/// fallback for views whose addresses or dims do not allow it.
 #[test]
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
-    let vector: Vec<_> = ENTRY_POINTS.iter().filter(|n| n.ends_with("_v")).collect();
-    assert_eq!(vector.len(), 6);
+    let vector: Vec<_> = ENTRY_POINTS.iter().filter(|n| n.ends_with("_v") || n.ends_with("_p")).collect();
+    assert_eq!(vector.len(), 12);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).

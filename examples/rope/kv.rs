@@ -197,6 +197,10 @@ fn step(
         let blocks = (tokens * (hq + 3 * hk) * d / 16).div_ceil(128) as u32;
         let empty_eager = time_op(stream, 20, runs, || empty(kernels, stream, blocks))?;
         let empty_device = time_device(kernels, stream, 20, runs, || empty(kernels, stream, blocks))?;
+        // The yardstick of the graph rows: an empty kernel captured and replayed the same way.
+        let empty_graph = Graph::capture(stream, || empty(kernels, stream, blocks))?;
+        let empty_replay = time_device(kernels, stream, 20, runs, || empty_graph.launch(stream))?;
+        let empty_replay_batched = time_batched(stream, 20, 50, 20, || empty_graph.launch(stream))?;
         let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16");
         extra.push(KvRow {
             name: "decode step, device",
@@ -241,6 +245,20 @@ fn step(
             ulps: 0,
         });
         extra.push(KvRow {
+            name: "empty, graph replay",
+            what: format!("{blocks} blocks of 128, device"),
+            op: empty_replay,
+            against: Against::Baseline("decode, graph replay", replay),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "empty, graph b2b",
+            what: "20 replays queued".into(),
+            op: empty_replay_batched,
+            against: Against::Baseline("decode, graph b2b", replay_batched),
+            ulps: 0,
+        });
+        extra.push(KvRow {
             name: "host, queue a step",
             what: "CPU time of one fused call".into(),
             op: host,
@@ -267,6 +285,7 @@ pub fn run(kernels: &Kernels, stream: &Stream) -> Res<bool> {
     let mut extra = Vec::new();
     rows.push(step(kernels, stream, 64, 1, true, &mut extra)?);
     rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
+    rows.push(step(kernels, stream, 16, 4096, false, &mut extra)?);
     rows.append(&mut extra);
     println!();
     println!(

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::{Stream, StreamFlags};
-use rope_cuda::bench::{copy_d2d, time_op, Timing};
+use rope_cuda::bench::{copy_d2d, time_device, time_op, Timing};
 use rope_cuda::reference::{relative_error, rope_neox_row, rope_row_freqs, splitmix64, uniform, uniform_vec, RefElem};
 use rope_cuda::{
     ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, RotaryModel, Tensor,
@@ -188,10 +188,23 @@ fn case(
         time_op(stream, warmup, runs, || model.forward_into(&q, &shape, &k, &shape, &mut q_out, &mut k_out, stream))?;
     let (mut qi, mut ki) = (DeviceBuffer::from_slice(&qh)?, DeviceBuffer::from_slice(&kh)?);
     let in_place = time_op(stream, warmup, runs, || model.forward_in_place(&mut qi, &shape, &mut ki, &shape, stream))?;
-    Ok(vec![
+    let mut rows = vec![
         Row { shape: format!("seed f32 {shape:?}"), mode: "out of place", rel_err, rope: out_of_place, copy, bytes },
         Row { shape: format!("seed f32 {shape:?}"), mode: "in place", rel_err, rope: in_place, copy, bytes },
-    ])
+    ];
+    if n <= 1 << 20 {
+        // Small shapes: the device's time alone (the stream kept busy while the host queues
+        // the launch), for the copy too.
+        let copy = time_device(kernels, stream, warmup, runs, || {
+            copy_d2d(&q, &mut q_out, stream)?;
+            copy_d2d(&k, &mut k_out, stream)
+        })?;
+        let rope = time_device(kernels, stream, warmup, runs, || {
+            model.forward_into(&q, &shape, &k, &shape, &mut q_out, &mut k_out, stream)
+        })?;
+        rows.push(Row { shape: format!("seed f32 {shape:?}"), mode: "out, device", rel_err, rope, copy, bytes });
+    }
+    Ok(rows)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -324,12 +337,16 @@ fn model_case<T: RefElem>(
     let error = if T::DTYPE == DType::F32 { relative_error(&out32, &ref64) } else { worst_ulps as f64 };
 
     // Time it against one copy of the same number of bytes.
-    let elems = tokens * (hq + hk) * d;
+    // In place, only the rotary dims are read and written.
+    let moved = if mode == Mode::OutOfPlace { d } else { model.config.rotary_dim };
+    let elems = tokens * (hq + hk) * moved;
     let bytes = (2 * elems * std::mem::size_of::<T>()) as u64;
     let src = DeviceBuffer::from_slice(&host.concat()[..elems])?;
     let mut dst = unsafe { DeviceBuffer::<T>::uninitialized(elems)? };
     let runs = 30;
     let copy = time_op(stream, 5, runs, || copy_d2d(&src, &mut dst, stream))?;
+    // In place, each run rotates the previous run's output: the speed does not depend on
+    // the values (rerunning from restored inputs measured the same on the H200).
     let rope_t = time_op(stream, 5, runs, || launch(&mut bufs, &mut outs))?;
     let mode_name = match mode {
         Mode::InPlace => "in place",

@@ -338,6 +338,9 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     // (and the table entries that depend on it) arrive.
     let rotating = lane < p.rot_lanes;
     let first = if rotating { S::load::<R>(&rows, 0, lane as usize, p.half as usize) } else { [[0; 4]; 2] };
+    // A copying lane's first head likewise.
+    let copy_at = if rotating { 0 } else { (2 * p.half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE };
+    let first_copy = if rotating { [0; 4] } else { C::load_raw(rows.src(0, copy_at)) };
     let pos = position(p.position_mode, p.positions, token, b as u32, s as u32);
     if pos < 0 || pos >= p.max_position as i64 {
         // Skip the token; one thread per token reports it.
@@ -351,40 +354,56 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     if rotating {
         S::rotate::<R, F32Table>(rows, first, lane as usize, pos as usize, p);
     } else {
-        // Dims past rotary_dim, out of place: copy the bits.
-        let i = (2 * p.half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE;
+        // Dims past rotary_dim, out of place: copy the bits, the next head's load ahead of
+        // each store.
+        let mut cur = first_copy;
         for h in 0..rows.count {
-            C::copy(rows.src(h, i), rows.dst(h, i));
+            let next = if h + 1 < rows.count { C::load_raw(rows.src(h + 1, copy_at)) } else { cur };
+            C::store_raw(rows.dst(h, copy_at), cur);
+            cur = next;
         }
     }
 }
 
-/// Defines one entry point per (style, dtype, width). `_v`: 16-byte accesses; `_s`: scalar.
+/// Defines one entry point per (style, dtype, width). `_v`: 16-byte accesses, the measured
+/// heads per thread ([`heads_per_thread`]); `_p`: 16-byte accesses, one head per thread (in
+/// place on heads whose rows share cache lines); `_s`: scalar.
 macro_rules! rope_kernels {
-    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $vector:expr, $neox:expr;)*) => {$(
+    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $g:expr;)*) => {$(
         /// RoPE entry point; see [`RopeParams`] for the mapping and [`rope`] for the contract.
         ///
         /// # Safety
         /// Launched only by the host library, after its checks.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: RopeParams) {
-            const G: usize = heads_per_thread($vector, $neox, <$rot as Io>::SIZE) as usize;
+            const G: usize = $g as usize;
             rope::<$style, $rot, $copy, G>(&p)
         }
     )*};
 }
 
+const NEOX4: u32 = heads_per_thread(true, true, 4);
+const NEOX2: u32 = heads_per_thread(true, true, 2);
+const GPTJ4: u32 = heads_per_thread(true, false, 4);
+const GPTJ2: u32 = heads_per_thread(true, false, 2);
+
 rope_kernels! {
-    rope_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, true, true;
-    rope_neox_f32_s: NeoX, One<F32>, One<F32>, false, true;
-    rope_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, true, true;
-    rope_neox_f16_s: NeoX, One<F16>, One<F16>, false, true;
-    rope_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, true, true;
-    rope_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, false, true;
-    rope_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, true, false;
-    rope_gptj_f32_s: GptJ, Two<F32>, One<F32>, false, false;
-    rope_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, true, false;
-    rope_gptj_f16_s: GptJ, Two<F16>, One<F16>, false, false;
-    rope_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, true, false;
-    rope_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, false, false;
+    rope_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, NEOX4;
+    rope_neox_f32_p: NeoX, Vec16<F32>, Vec16<F32>, 1;
+    rope_neox_f32_s: NeoX, One<F32>, One<F32>, 1;
+    rope_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, NEOX2;
+    rope_neox_f16_p: NeoX, Vec16<F16>, Vec16<F16>, 1;
+    rope_neox_f16_s: NeoX, One<F16>, One<F16>, 1;
+    rope_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, NEOX2;
+    rope_neox_bf16_p: NeoX, Vec16<Bf16>, Vec16<Bf16>, 1;
+    rope_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, 1;
+    rope_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, GPTJ4;
+    rope_gptj_f32_p: GptJ, Vec16<F32>, Vec16<F32>, 1;
+    rope_gptj_f32_s: GptJ, Two<F32>, One<F32>, 1;
+    rope_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, GPTJ2;
+    rope_gptj_f16_p: GptJ, Vec16<F16>, Vec16<F16>, 1;
+    rope_gptj_f16_s: GptJ, Two<F16>, One<F16>, 1;
+    rope_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, GPTJ2;
+    rope_gptj_bf16_p: GptJ, Vec16<Bf16>, Vec16<Bf16>, 1;
+    rope_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, 1;
 }

@@ -71,11 +71,6 @@ pub trait Io {
     /// # Safety
     /// As [`Io::load_raw`], for writes.
     unsafe fn store_raw(p: *mut u8, v: Bits);
-    /// Copies the bits of `E` elements from `src` to `dst`.
-    ///
-    /// # Safety
-    /// As [`Io::load`] for `src` and [`Io::store`] for `dst`.
-    unsafe fn copy(src: *const u8, dst: *mut u8);
 }
 
 #[inline(always)]
@@ -259,10 +254,6 @@ impl<T: Elem> Io for Vec16<T> {
     unsafe fn store_raw(p: *mut u8, v: Bits) {
         st_v4(p, v);
     }
-    #[inline(always)]
-    unsafe fn copy(src: *const u8, dst: *mut u8) {
-        st_v4(dst, ld_v4(src));
-    }
 }
 
 impl<T: Elem> Io for Vec8<T> {
@@ -284,10 +275,6 @@ impl<T: Elem> Io for Vec8<T> {
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
         st_v2(p, v);
-    }
-    #[inline(always)]
-    unsafe fn copy(src: *const u8, dst: *mut u8) {
-        st_v2(dst, ld_v2(src));
     }
 }
 
@@ -342,10 +329,6 @@ impl<T: Elem> Io for One<T> {
     unsafe fn store_raw(p: *mut u8, v: Bits) {
         st_elem::<T>(p, v[0]);
     }
-    #[inline(always)]
-    unsafe fn copy(src: *const u8, dst: *mut u8) {
-        st_elem::<T>(dst, ld_elem::<T>(src));
-    }
 }
 
 impl<T: Elem> Io for Two<T> {
@@ -368,11 +351,6 @@ impl<T: Elem> Io for Two<T> {
     unsafe fn store_raw(p: *mut u8, v: Bits) {
         st_elem::<T>(p, v[0]);
         st_elem::<T>(p.add(T::SIZE), v[1]);
-    }
-    #[inline(always)]
-    unsafe fn copy(src: *const u8, dst: *mut u8) {
-        st_elem::<T>(dst, ld_elem::<T>(src));
-        st_elem::<T>(dst.add(T::SIZE), ld_elem::<T>(src.add(T::SIZE)));
     }
 }
 

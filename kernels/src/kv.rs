@@ -276,6 +276,14 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     let rotating = is_q || (is_k && lane < p.rot_lanes as usize);
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
     let first = if item.is_some() && rotating { S::load::<R>(&rows, 0, lane, half) } else { [[0; 4]; 2] };
+    // A copying lane's first head is loaded now too: its store then waits on the position,
+    // slot and owner only, not on a load issued after them.
+    let copy_at = match (rotating, is_k) {
+        (true, _) => 0,
+        (false, true) => (2 * half + (lane - p.rot_lanes as usize) * C::E) * C::SIZE,
+        (false, false) => lane * C::E * C::SIZE,
+    };
+    let first_copy = if item.is_some() && !rotating { C::load_raw(rows.src(0, copy_at)) } else { [0; 4] };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
@@ -330,11 +338,12 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     if rotating {
         S::apply::<R, B>(rows, first, lane, &entries, p);
     } else {
-        // k past rotary_dim, and v: copy the bits.
-        let start = if is_k { 2 * half + (lane - p.rot_lanes as usize) * C::E } else { lane * C::E };
-        let i = start * C::SIZE;
+        // k past rotary_dim, and v: copy the bits, the next head's load ahead of each store.
+        let mut cur = first_copy;
         for h in 0..count {
-            C::copy(rows.src(h, i), rows.dst(h, i));
+            let next = if h + 1 < count { C::load_raw(rows.src(h + 1, copy_at)) } else { cur };
+            C::store_raw(rows.dst(h, copy_at), cur);
+            cur = next;
         }
     }
 }
