@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use cust::event::{Event, EventFlags};
-use cust::memory::DeviceSlice;
+use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::stream::Stream;
 use cust::sys as cuda;
 
@@ -95,6 +95,29 @@ pub fn empty(kernels: &Kernels, stream: &Stream, blocks: u32) -> Result<()> {
     let g = Geometry { grid: (blocks, 1), block: (128, 1) };
     // SAFETY: `bench_empty` takes no parameter (the unused one is ignored) and does nothing.
     unsafe { launch(kernels.functions.bench[0], g, 0, &0u64, stream.as_inner()) }
+}
+
+/// Queues a copy of `src` into `dst` (the shorter length, in whole 16-byte chunks) with one
+/// 16-byte load and store per thread, in blocks of 128: the least a step that reads its
+/// inputs before it writes can cost.
+pub fn touch<T: DeviceCopy>(
+    kernels: &Kernels,
+    stream: &Stream,
+    src: &DeviceSlice<T>,
+    dst: &mut DeviceSlice<T>,
+) -> Result<()> {
+    let bytes = src.len().min(dst.len()) * std::mem::size_of::<T>();
+    let p = rope_cuda_kernels::params::Touch {
+        src: src.as_device_ptr().as_raw(),
+        dst: dst.as_device_ptr().as_raw(),
+        chunks: (bytes / 16) as u64,
+    };
+    if p.chunks == 0 {
+        return Ok(());
+    }
+    let g = Geometry { grid: (p.chunks.div_ceil(128) as u32, 1), block: (128, 1) };
+    // SAFETY: cust allocations are 256-byte aligned and hold `chunks` whole chunks each.
+    unsafe { launch(kernels.functions.bench[2], g, 0, &p, stream.as_inner()) }
 }
 
 /// The host's time to queue one call of `op`, in microseconds (median of `runs` batches of

@@ -24,8 +24,8 @@ pub(crate) struct Functions {
     pub kv_elem_table: [[cuda::CUfunction; 3]; 2],
     /// `kv_claim`.
     pub kv_claim: cuda::CUfunction,
-    /// `bench_empty` and `bench_spin`, for [`crate::bench`].
-    pub bench: [cuda::CUfunction; 2],
+    /// `bench_empty`, `bench_spin` and `bench_touch`, for [`crate::bench`].
+    pub bench: [cuda::CUfunction; 3],
 }
 
 /// The loaded kernel module of one CUDA context.
@@ -67,7 +67,8 @@ impl Kernels {
         for (slot, name) in kv_elem_table.iter_mut().flatten().zip(KV_ELEM_TABLE_ENTRY_POINTS) {
             *slot = function(name)?;
         }
-        let bench = [function(BENCH_ENTRY_POINTS[0])?, function(BENCH_ENTRY_POINTS[1])?];
+        let bench =
+            [function(BENCH_ENTRY_POINTS[0])?, function(BENCH_ENTRY_POINTS[1])?, function(BENCH_ENTRY_POINTS[2])?];
         let functions = Functions { rope, kv, kv_elem_table, kv_claim: function("kv_claim")?, bench };
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
@@ -174,8 +175,9 @@ pub const KV_ENTRY_POINTS: &[&str] = &[
     "kv_gptj_bf16_p",
 ];
 
-/// The benchmarks' entry points: an empty kernel and a spin ([`crate::bench`]).
-pub const BENCH_ENTRY_POINTS: &[&str] = &["bench_empty", "bench_spin"];
+/// The benchmarks' entry points: an empty kernel, a spin and a one-chunk-a-thread copy
+/// ([`crate::bench`]).
+pub const BENCH_ENTRY_POINTS: &[&str] = &["bench_empty", "bench_spin", "bench_touch"];
 
 /// The KV-cache entry points reading the caller's tables (GPT-J, 16-bit).
 pub const KV_ELEM_TABLE_ENTRY_POINTS: &[&str] = &[

@@ -5,7 +5,7 @@
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::Stream;
 use half::bf16;
-use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, Timing};
+use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, touch, Timing};
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::{
     DType, Direction, Graph, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle,
@@ -201,6 +201,14 @@ fn step(
         let empty_graph = Graph::capture(stream, || empty(kernels, stream, blocks))?;
         let empty_replay = time_device(kernels, stream, 20, runs, || empty_graph.launch(stream))?;
         let empty_replay_batched = time_batched(stream, 20, 50, 20, || empty_graph.launch(stream))?;
+        // The floor of any step that reads its inputs before writing: a copy of the step's
+        // bytes (q, k and v read, as many written), one 16-byte load and store per thread.
+        let step_elems = tokens * (hq + 2 * hk) * d;
+        let (tsrc, mut tdst) = (upload(&seeded(17, step_elems))?, upload(&seeded(18, step_elems))?);
+        let touch_device = time_device(kernels, stream, 20, runs, || touch(kernels, stream, &tsrc, &mut tdst))?;
+        let touch_graph = Graph::capture(stream, || touch(kernels, stream, &tsrc, &mut tdst))?;
+        let touch_replay = time_device(kernels, stream, 20, runs, || touch_graph.launch(stream))?;
+        let touch_batched = time_batched(stream, 20, 50, 20, || touch_graph.launch(stream))?;
         let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16");
         extra.push(KvRow {
             name: "decode step, device",
@@ -255,6 +263,27 @@ fn step(
             name: "empty, graph b2b",
             what: "20 replays queued".into(),
             op: empty_replay_batched,
+            against: Against::Baseline("decode, graph b2b", replay_batched),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "copy kernel, device",
+            what: format!("{} KB each way, 16 B a thread", step_elems * 2 / 1024),
+            op: touch_device,
+            against: Against::Baseline("decode step, device", device),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "copy kernel, graph",
+            what: "replay, device".into(),
+            op: touch_replay,
+            against: Against::Baseline("decode, graph replay", replay),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "copy kernel, graph b2b",
+            what: "20 replays queued".into(),
+            op: touch_batched,
             against: Against::Baseline("decode, graph b2b", replay_batched),
             ulps: 0,
         });

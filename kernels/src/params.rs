@@ -377,3 +377,15 @@ pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize) -> 
         (true, false, _) => 4,
     }
 }
+
+/// Parameters of the `bench_touch` benchmark kernel: `chunks` 16-byte chunks from `src` to `dst`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Touch {
+    /// Source address.
+    pub src: u64,
+    /// Destination address.
+    pub dst: u64,
+    /// Number of 16-byte chunks.
+    pub chunks: u64,
+}
