@@ -82,7 +82,7 @@ pub use hf_config::INTERLEAVED_MODEL_TYPES;
 pub use kernels::{Kernels, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
 pub use kv::{KvCache, KvShape, KvUpdate, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
-pub use rope::Rope;
+pub use rope::{validate, Rope};
 pub use scaling::RopeScaling;
 pub use seed::RotaryModel;
 pub use table::{row as table_row, HostTable, RopeTable, MAX_POSITION_LIMIT};

@@ -240,6 +240,15 @@ pub(crate) fn dtype_index(dtype: DType) -> usize {
     }
 }
 
+/// Checks `args` against `config` exactly as [`Rope::apply_raw`] does before it launches,
+/// without a GPU: `Ok` means that call would launch (or, with no work, return at once), `Err`
+/// is the typed error it would return. Reads no device memory (positions are checked by the
+/// kernels, which skip and record those out of range).
+pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
+    config.validate()?;
+    plan(config, args).map(|_| ())
+}
+
 /// Which entry point a launch takes (the index into `Functions::rope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Width {

@@ -256,6 +256,35 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// The committed model configs (`tests/data/configs/*.json`).
+const MODEL_CONFIGS: [&str; 11] = [
+    "deepseek-v2-lite",
+    "gpt-j-6b",
+    "gpt-neox-20b",
+    "llama-3.1-8b",
+    "llama-dynamic",
+    "llama-linear",
+    "per-layer",
+    "phi-3-mini-128k",
+    "proportional",
+    "qwen2.5-7b",
+    "qwen3-yarn",
+];
+
+/// Both parsers on `text`: a typed error, or a config whose frequencies are usable.
+fn check_parses(text: &str) -> Result<(), TestCaseError> {
+    for layer in ["full_attention", "sliding_attention"] {
+        let parsed = [RopeConfig::from_hf_config(text), RopeConfig::from_hf_config_layer(text, layer)];
+        for config in parsed.into_iter().flatten() {
+            let (freqs, attention) = config.frequencies().map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(freqs.len(), config.rotary_dim / 2);
+            prop_assert!(freqs.iter().all(|f| f.is_finite() && *f >= 0.0));
+            prop_assert!(attention.is_finite() && attention > 0.0);
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4000))]
 
@@ -263,6 +292,36 @@ proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in ".{0,200}") {
         let _ = RopeConfig::from_hf_config(&text);
+    }
+
+    /// Arbitrary bytes (read as UTF-8, invalid sequences replaced): never a panic, and a
+    /// config that parses has usable frequencies.
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        let text = String::from_utf8_lossy(&bytes);
+        check_parses(&text)?;
+    }
+
+    /// The committed model configs with random bytes overwritten, inserted or deleted (a
+    /// mutation fuzzer): never a panic.
+    #[test]
+    fn mutated_model_configs_never_panic(
+        file in proptest::sample::select(&MODEL_CONFIGS[..]),
+        edits in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>(), 0u8..3), 1..12),
+    ) {
+        let mut bytes = config_json(&format!("{file}.json")).into_bytes();
+        for (at, byte, kind) in edits {
+            let i = at.index(bytes.len() + 1);
+            match kind {
+                0 if i < bytes.len() => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                _ if i < bytes.len() => {
+                    bytes.remove(i);
+                }
+                _ => {}
+            }
+        }
+        check_parses(&String::from_utf8_lossy(&bytes))?;
     }
 
     /// Arbitrary JSON over the fields the parser reads: a config whose frequencies are usable,
