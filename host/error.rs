@@ -227,6 +227,17 @@ pub enum Error {
         /// The driver's error.
         source: CudaError,
     },
+    /// A buffer lives on another device than the kernels (and the `Rope` or `KvUpdate`)
+    /// that would use it.
+    #[error("{what} is memory of device {got}; the kernels were loaded on device {expected}")]
+    Device {
+        /// The buffer.
+        what: &'static str,
+        /// The kernels' device ordinal.
+        expected: i32,
+        /// The buffer's device ordinal.
+        got: i32,
+    },
     /// The CUDA driver reported an error through cust.
     #[error("CUDA driver error: {0}")]
     Cuda(#[from] CudaError),

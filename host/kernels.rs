@@ -37,6 +37,10 @@ pub(crate) struct Functions {
 pub struct Kernels {
     pub(crate) functions: Functions,
     context: cuda::CUcontext,
+    /// The ordinal of the context's device.
+    device: i32,
+    /// Devices visible to the process when the module was loaded.
+    devices: i32,
     // Dropped last: the functions above belong to it.
     _module: Module,
 }
@@ -73,7 +77,41 @@ impl Kernels {
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
         driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
-        Ok(Kernels { functions, context, _module: module })
+        let (mut device, mut devices) = (0, 0);
+        // SAFETY: each call writes one integer; a context is current (the module loaded).
+        driver("cuCtxGetDevice", unsafe { cuda::cuCtxGetDevice(&mut device) })?;
+        driver("cuDeviceGetCount", unsafe { cuda::cuDeviceGetCount(&mut devices) })?;
+        Ok(Kernels { functions, context, device, devices, _module: module })
+    }
+
+    /// The ordinal of the device this module was loaded on (its context's device).
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Checks that each named device address (0: absent) is memory of this module's device:
+    /// [`Error::Device`] names the first that is not. Free where the process sees one
+    /// device; otherwise one driver query per address.
+    pub(crate) fn check_devices(&self, addresses: &[(&'static str, u64)]) -> Result<()> {
+        if self.devices <= 1 {
+            return Ok(());
+        }
+        for &(what, ptr) in addresses.iter().filter(|a| a.1 != 0) {
+            let mut ordinal: i32 = -1;
+            // SAFETY: writes one int; the driver checks the address itself.
+            let r = unsafe {
+                cuda::cuPointerGetAttribute(
+                    (&raw mut ordinal).cast(),
+                    cuda::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    ptr,
+                )
+            };
+            driver("cuPointerGetAttribute", r)?;
+            if ordinal != self.device {
+                return Err(Error::Device { what, expected: self.device, got: ordinal });
+            }
+        }
+        Ok(())
     }
 
     /// The CUDA context this module was loaded into.

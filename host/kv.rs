@@ -426,6 +426,16 @@ impl Rope<'_> {
             max_position: self.config.max_position,
         };
         let Some(plan) = plan_kv(&spec, args)? else { return Ok(()) };
+        let position_ptr = if args.positions.kind == PositionKind::Sequential { 0 } else { args.positions.ptr };
+        self.kernels.check_devices(&[
+            ("q", args.q.map_or(0, |t| t.ptr)),
+            ("k", args.k.ptr),
+            ("v", args.v.ptr),
+            ("k cache", args.cache.k.ptr),
+            ("v cache", args.cache.v.ptr),
+            ("positions", position_ptr),
+            ("slots", args.slots.map_or(0, |s| s.0)),
+        ])?;
         let mut p = plan.params;
         p.cos = self.table.cos.as_device_ptr().as_raw();
         p.sin = self.table.sin.as_device_ptr().as_raw();
@@ -589,6 +599,16 @@ impl<'k> KvUpdate<'k> {
         };
         let spec = KvSpec { dtype: T::DTYPE, style: RopeStyle::GptJ, head_dim: d, rotary_dim: d, max_position: s };
         let plan = plan_kv(&spec, &args)?;
+        self.kernels.check_devices(&[
+            ("k_new", addr(k_new)),
+            ("v_new", addr(v_new)),
+            ("cos", addr(cos)),
+            ("sin", addr(sin)),
+            ("cache_k", addr(cache_k)),
+            ("cache_v", addr(cache_v)),
+            ("positions", pos_range.0),
+            ("out", addr(out)),
+        ])?;
         let raw_stream = stream.as_inner();
         let bytes = cache_elems * size;
         // SAFETY: the lengths were checked above: both caches hold `cache_elems` elements and

@@ -158,6 +158,14 @@ impl<'k> Rope<'k> {
         let Some(plan) = plan(&self.config, args)? else {
             return Ok(());
         };
+        let position_ptr = if args.positions.kind == PositionKind::Sequential { 0 } else { args.positions.ptr };
+        self.kernels.check_devices(&[
+            ("q", args.q.ptr),
+            ("q_out", args.q_out.map_or(0, |t| t.ptr)),
+            ("k", args.k.map_or(0, |t| t.ptr)),
+            ("k_out", args.k_out.map_or(0, |t| t.ptr)),
+            ("positions", position_ptr),
+        ])?;
         let mut params = plan.params;
         params.cos = self.table.cos.as_device_ptr().as_raw();
         params.sin = self.table.sin.as_device_ptr().as_raw();
