@@ -31,8 +31,9 @@ pub(crate) struct Functions {
 /// The loaded kernel module of one CUDA context.
 ///
 /// Create one per context with [`Kernels::load`] (the context must be current) and reuse it:
-/// launches look nothing up. Launches may come from any thread on which that context is
-/// current.
+/// launches look nothing up (where several GPUs are visible they ask the driver, once per
+/// buffer, that it is memory of this module's device). Launches may come from any thread on
+/// which that context is current.
 #[derive(Debug)]
 pub struct Kernels {
     pub(crate) functions: Functions,

@@ -4,7 +4,8 @@
 //! this crate's `build.rs` with rustc's NVPTX backend, embedded here as [`PTX`], and loaded
 //! once per CUDA context by [`Kernels::load`]. Launches go through [`cust`] onto a stream the
 //! caller gives, look nothing up, allocate only what a call returns and never synchronise
-//! (unless asked to: [`RopeConfig::checked`]).
+//! (unless asked to: [`RopeConfig::checked`]). Where several GPUs are visible, each launch
+//! checks with the driver that its buffers are on the kernels' device.
 //!
 //! - [`Rope`], built from a [`RopeConfig`] (head_dim, rotary_dim, base, [`RopeStyle`],
 //!   max_position, [`DType`]), holds the cos/sin table and rotates q and k: NeoX or GPT-J
