@@ -426,14 +426,13 @@ impl Rope<'_> {
             max_position: self.config.max_position,
         };
         let Some(plan) = plan_kv(&spec, args)? else { return Ok(()) };
-        let position_ptr = if args.positions.kind == PositionKind::Sequential { 0 } else { args.positions.ptr };
         self.kernels.check_devices(&[
             ("q", args.q.map_or(0, |t| t.ptr)),
             ("k", args.k.ptr),
             ("v", args.v.ptr),
             ("k cache", args.cache.k.ptr),
             ("v cache", args.cache.v.ptr),
-            ("positions", position_ptr),
+            ("positions", args.positions.read_address()),
             ("slots", args.slots.map_or(0, |s| s.0)),
         ])?;
         let mut p = plan.params;

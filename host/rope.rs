@@ -158,13 +158,12 @@ impl<'k> Rope<'k> {
         let Some(plan) = plan(&self.config, args)? else {
             return Ok(());
         };
-        let position_ptr = if args.positions.kind == PositionKind::Sequential { 0 } else { args.positions.ptr };
         self.kernels.check_devices(&[
             ("q", args.q.ptr),
             ("q_out", args.q_out.map_or(0, |t| t.ptr)),
             ("k", args.k.map_or(0, |t| t.ptr)),
             ("k_out", args.k_out.map_or(0, |t| t.ptr)),
-            ("positions", position_ptr),
+            ("positions", args.positions.read_address()),
         ])?;
         let mut params = plan.params;
         params.cos = self.table.cos.as_device_ptr().as_raw();
@@ -272,7 +271,6 @@ pub(crate) enum Width {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Plan {
     pub params: RopeParams,
-    pub vector: bool,
     pub width: Width,
     pub geometry: Geometry,
 }
@@ -422,12 +420,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
         (true, true) => Width::Single,
     };
     let g = if width == Width::Single { 1 } else { g };
-    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan {
-        params: RopeParams { chunk, ..params },
-        vector,
-        width,
-        geometry,
-    }))
+    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { params: RopeParams { chunk, ..params }, width, geometry }))
 }
 
 /// Checks `positions` for `batch` sequences of `seq` tokens against a table of `max_position`
@@ -518,7 +511,7 @@ mod tests {
     fn plans_vector_launches_for_aligned_views() {
         let (config, args) = args();
         let p = plan(&config, &args).unwrap().unwrap();
-        assert!(p.vector);
+        assert_ne!(p.width, Width::Scalar);
         assert_eq!((p.params.rot_lanes, p.params.copy_lanes, p.params.tokens, p.params.seq), (8, 0, 4, 2));
         assert_eq!((p.params.q.heads, p.params.k.heads), (8, 2));
         assert_eq!(p.params.q.in_strides, [2 * 8 * 128, 8 * 128, 128]);
@@ -552,11 +545,11 @@ mod tests {
         args.q.layout.offset = 1; // 2-byte aligned only
         args.q.len += 1;
         let p = plan(&config, &args).unwrap().unwrap();
-        assert!(!p.vector);
+        assert_eq!(p.width, Width::Scalar);
         assert_eq!(p.params.rot_lanes, 64);
         let (config, args) = args_with(RopeConfig::new(80, 64).rotary_dim(20), DType::F32);
         let p = plan(&config, &args).unwrap().unwrap();
-        assert!(!p.vector, "half = 10 is not a multiple of 4");
+        assert_eq!(p.width, Width::Scalar, "half = 10 is not a multiple of 4");
         assert_eq!(p.params.rot_lanes, 10);
     }
 
@@ -581,7 +574,7 @@ mod tests {
             layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
         });
         let p = plan(&config, &args).unwrap().unwrap();
-        assert!(p.vector, "row stride {row} keeps 16-byte alignment");
+        assert_ne!(p.width, Width::Scalar, "row stride {row} keeps 16-byte alignment");
         // k shifted by one head onto q's last head.
         args.k.as_mut().unwrap().layout.offset = 7 * 128;
         assert!(matches!(err(&config, &args), Error::Aliasing { a: "q", b: "k" }));

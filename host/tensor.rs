@@ -135,6 +135,17 @@ pub struct RawPositions {
 }
 
 impl RawPositions {
+    /// The address the kernels read: none (0) for [`PositionKind::Sequential`].
+    pub(crate) fn read_address(&self) -> u64 {
+        if self.kind == PositionKind::Sequential {
+            0
+        } else {
+            self.ptr
+        }
+    }
+}
+
+impl RawPositions {
     /// Positions `0..seq` in every sequence.
     pub const SEQUENTIAL: RawPositions = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
 }

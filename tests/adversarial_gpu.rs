@@ -134,13 +134,19 @@ fn run<T: TestElem>(g: &Gpu, rope: &Rope, call: &Call, seed: u64) -> Result<(), 
     Ok(())
 }
 
+/// [`run`] in the configuration's element type.
+fn run_with(g: &Gpu, rope: &Rope, call: &Call, seed: u64) -> Result<(), String> {
+    match call.config.dtype {
+        DType::F32 => run::<f32>(g, rope, call, seed),
+        DType::F16 => run::<f16>(g, rope, call, seed),
+        DType::BF16 => run::<bf16>(g, rope, call, seed),
+    }
+}
+
+/// [`run_with`] a `Rope` of the call's configuration.
 fn run_any(g: &Gpu, call: &Call, seed: u64) -> Result<(), String> {
     let rope = Rope::new(&g.kernels, call.config.clone()).map_err(|e| e.to_string())?;
-    match call.config.dtype {
-        DType::F32 => run::<f32>(g, &rope, call, seed),
-        DType::F16 => run::<f16>(g, &rope, call, seed),
-        DType::BF16 => run::<bf16>(g, &rope, call, seed),
-    }
+    run_with(g, &rope, call, seed)
 }
 
 /// q `[1, tokens, hq, d]` then k `[1, tokens, hk, d]`, contiguous, in one buffer.
@@ -197,12 +203,7 @@ fn positions_at_and_past_the_table_edges() {
                 for in_place in [true, false] {
                     cases += 1;
                     let call = contiguous(config.clone(), tokens, 3, 1, pos.clone(), in_place);
-                    let r = match dtype {
-                        DType::F32 => run::<f32>(&g, &rope, &call, seed + cases as u64),
-                        DType::F16 => run::<f16>(&g, &rope, &call, seed + cases as u64),
-                        DType::BF16 => run::<bf16>(&g, &rope, &call, seed + cases as u64),
-                    };
-                    if let Err(e) = r {
+                    if let Err(e) = run_with(&g, &rope, &call, seed + cases as u64) {
                         failures.push(format!("{style:?} {dtype:?} {name} in_place {in_place}: {e}"));
                     }
                 }

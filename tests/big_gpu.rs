@@ -6,12 +6,12 @@
 
 mod common;
 
-use common::{gpu, test_seed, upload_t, TestElem};
+use common::{assert_rotated, gpu, test_seed, upload_t};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::sys as cuda;
 use half::bf16;
-use rope_cuda::reference::{rope_row_freqs, splitmix64, uniform};
-use rope_cuda::{DType, Direction, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
+use rope_cuda::reference::{splitmix64, uniform};
+use rope_cuda::{DType, Direction, KvCache, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
 
 /// bf16 words of the fill pattern: 1.5 and -0.75.
 const PATTERN: u32 = 0xBF40_3FC0;
@@ -51,16 +51,6 @@ fn room(test: &str, bytes: usize) -> bool {
     true
 }
 
-fn check_rows(what: &str, got: &[bf16], x: &[bf16], pos: i32, freqs: &[f64], d: usize) {
-    for (h, (g, x)) in got.chunks(d).zip(x.chunks(d)).enumerate() {
-        let xs: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        let y = rope_row_freqs(&xs, pos as f64, freqs, 1.0, RopeStyle::NeoX, Direction::Forward);
-        for i in 0..d {
-            assert!(g[i].ulps(bf16::round(y[i])) <= 1, "{what} head {h} dim {i}: {:?} vs {}", g[i], y[i]);
-        }
-    }
-}
-
 /// RoPE in place on a bf16 q of 524289 x 32 x 128 = 2^31 + 4096 elements (4.3 GB) and its k:
 /// the tokens on both sides of element 2^31 and the last one rotate correctly.
 #[test]
@@ -75,7 +65,6 @@ fn rope_past_2_pow_31_elements() {
     }
     let seed = test_seed(test);
     let rope = Rope::new(&g.kernels, RopeConfig::new(d, 8192).dtype(DType::BF16)).unwrap();
-    let (freqs, _) = rope.config().frequencies().unwrap();
     let (mut q, mut k) = (filled(nq), filled(nk));
     let positions: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % 8192) as i32).collect();
     let pos = upload_t(&positions);
@@ -106,8 +95,8 @@ fn rope_past_2_pow_31_elements() {
     }
     rope.check_errors(&g.stream).unwrap();
     for (t, xq, xk) in orig {
-        check_rows(&format!("q token {t}"), &read(&q, t * hq * d, hq * d), &xq, positions[t], &freqs, d);
-        check_rows(&format!("k token {t}"), &read(&k, t * hk * d, hk * d), &xk, positions[t], &freqs, d);
+        assert_rotated(&format!("q token {t}"), &read(&q, t * hq * d, hq * d), &xq, positions[t] as i64, rope.config());
+        assert_rotated(&format!("k token {t}"), &read(&k, t * hk * d, hk * d), &xk, positions[t] as i64, rope.config());
     }
 }
 
@@ -128,7 +117,6 @@ fn append_past_2_pow_31_elements() {
     }
     let seed = test_seed(test);
     let rope = Rope::new(&g.kernels, RopeConfig::new(d, 8192).dtype(DType::BF16)).unwrap();
-    let (freqs, _) = rope.config().frequencies().unwrap();
     let layout = Layout::bshd(num_slots / bs, bs, hk, d);
     let (mut kc, mut vc) = (filled(n), filled(n));
     for tokens in [8usize, 300] {
@@ -161,21 +149,19 @@ fn append_past_2_pow_31_elements() {
         for t in 0..tokens {
             let s = slots[t] as usize;
             let p = positions[t];
-            check_rows(
+            assert_rotated(
                 &format!("{tokens} tokens: q {t}"),
                 &q_out[t * hq * d..][..hq * d],
                 &qh[t * hq * d..][..hq * d],
-                p,
-                &freqs,
-                d,
+                p as i64,
+                rope.config(),
             );
-            check_rows(
+            assert_rotated(
                 &format!("{tokens} tokens: k of {t} at slot {s}"),
                 &read(&kc, s * row, row),
                 &kh[t * row..][..row],
-                p,
-                &freqs,
-                d,
+                p as i64,
+                rope.config(),
             );
             let v = read(&vc, s * row, row);
             assert!(

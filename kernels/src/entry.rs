@@ -205,6 +205,21 @@ impl Rows {
     pub fn dst(&self, h: usize, byte: usize) -> *mut u8 {
         self.dst.wrapping_add(h * self.dst_step + byte)
     }
+
+    /// Copies the bits at byte `at` of every head, given head 0's (`first`, loaded early);
+    /// the next head's load goes ahead of each store.
+    ///
+    /// # Safety
+    /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination.
+    #[inline(always)]
+    pub unsafe fn copy<C: Io>(&self, first: Bits, at: usize) {
+        let mut cur = first;
+        for h in 0..self.count {
+            let next = if h + 1 < self.count { C::load_raw(self.src(h + 1, at)) } else { cur };
+            C::store_raw(self.dst(h, at), cur);
+            cur = next;
+        }
+    }
 }
 
 /// Which elements form the pairs.
@@ -354,14 +369,8 @@ unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
     if rotating {
         S::rotate::<R, F32Table>(rows, first, lane as usize, pos as usize, p);
     } else {
-        // Dims past rotary_dim, out of place: copy the bits, the next head's load ahead of
-        // each store.
-        let mut cur = first_copy;
-        for h in 0..rows.count {
-            let next = if h + 1 < rows.count { C::load_raw(rows.src(h + 1, copy_at)) } else { cur };
-            C::store_raw(rows.dst(h, copy_at), cur);
-            cur = next;
-        }
+        // Dims past rotary_dim, out of place: copy the bits.
+        rows.copy::<C>(first_copy, copy_at);
     }
 }
 

@@ -338,13 +338,8 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     if rotating {
         S::apply::<R, B>(rows, first, lane, &entries, p);
     } else {
-        // k past rotary_dim, and v: copy the bits, the next head's load ahead of each store.
-        let mut cur = first_copy;
-        for h in 0..count {
-            let next = if h + 1 < count { C::load_raw(rows.src(h + 1, copy_at)) } else { cur };
-            C::store_raw(rows.dst(h, copy_at), cur);
-            cur = next;
-        }
+        // k past rotary_dim, and v: copy the bits.
+        rows.copy::<C>(first_copy, copy_at);
     }
 }
 

@@ -179,3 +179,25 @@ pub fn download_t<T: cust::memory::DeviceCopy + Default + Clone>(dev: &DeviceSli
 pub fn row_at(l: &rope_cuda::Layout, block: usize, within: usize, h: usize) -> usize {
     l.offset + block * l.strides[0] + within * l.strides[1] + h * l.strides[2]
 }
+
+/// Asserts that every `config.head_dim`-element row of `got` (one token's heads) is within one
+/// ulp of the same row of `x` rotated at `pos` by the f64 reference of `config`'s frequencies.
+pub fn assert_rotated<T: TestElem>(what: &str, got: &[T], x: &[T], pos: i64, config: &rope_cuda::RopeConfig) {
+    let (freqs, attention) = config.frequencies().expect("frequencies");
+    let d = config.head_dim;
+    assert_eq!(got.len(), x.len(), "{what}: lengths");
+    for (h, (g, x)) in got.chunks(d).zip(x.chunks(d)).enumerate() {
+        let xs: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let y = rope_cuda::reference::rope_row_freqs(
+            &xs,
+            pos as f64,
+            &freqs,
+            attention,
+            config.style,
+            rope_cuda::Direction::Forward,
+        );
+        for i in 0..d {
+            assert!(g[i].ulps(T::round(y[i])) <= 1, "{what}: head {h} dim {i}: {:?} vs {}", g[i], y[i]);
+        }
+    }
+}
