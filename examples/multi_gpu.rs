@@ -90,12 +90,32 @@ struct Shard {
     bytes: u64,
 }
 
-/// GPU `rank` of `n`: its shard of `step`, one checked step, then timed steps.
+/// The barriers every GPU's thread passes: the checked step, the timed steps, the copies.
+const BARRIERS: usize = 3;
+
+/// GPU `rank` of `n`: its shard of `step`, one checked step, then timed steps. A thread that
+/// fails still passes the barriers it has not reached, so the other GPUs finish too.
 fn run_shard(rank: usize, n: usize, step: &Step, barrier: &Barrier) -> Res<Shard> {
+    let passed = std::cell::Cell::new(0);
+    let wait = || {
+        barrier.wait();
+        passed.set(passed.get() + 1);
+    };
+    let shard = shard(rank, n, step, &wait);
+    for _ in passed.get()..BARRIERS {
+        barrier.wait();
+    }
+    shard
+}
+
+/// [`run_shard`]'s work; `barrier` waits for every GPU's thread.
+fn shard(rank: usize, n: usize, step: &Step, barrier: &dyn Fn()) -> Res<Shard> {
     let device = Device::get_device(rank as u32)?;
     let _ctx = Context::new(device)?;
     let kernels = Kernels::load()?;
-    assert_eq!(kernels.device(), rank as i32);
+    if kernels.device() != rank as i32 {
+        return Err(format!("GPU {rank}: module loaded on device {}", kernels.device()).into());
+    }
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let rope = Rope::new(&kernels, RopeConfig::new(D, MAX_POS).base(BASE).dtype(DType::BF16))?;
     let (hq, hk) = (HQ / n, HK / n);
@@ -123,7 +143,7 @@ fn run_shard(rank: usize, n: usize, step: &Step, barrier: &Barrier) -> Res<Shard
         )
     };
     // One step on every GPU at once, then gathered.
-    barrier.wait();
+    barrier();
     launch(&mut q, &mut kc, &mut vc)?;
     rope.check_errors(&stream)?;
     let download = |b: &DeviceBuffer<bf16>| -> Res<Vec<bf16>> {
@@ -136,9 +156,9 @@ fn run_shard(rank: usize, n: usize, step: &Step, barrier: &Barrier) -> Res<Shard
     let bytes = (t * (2 * hq + 4 * hk) * D * 2) as u64;
     let src = DeviceBuffer::from_slice(&vec![bf16::ONE; bytes as usize / 4])?;
     let mut dst = DeviceBuffer::from_slice(&vec![bf16::ZERO; bytes as usize / 4])?;
-    barrier.wait();
+    barrier();
     let step_t = time_op(&stream, 5, 30, || launch(&mut q, &mut kc, &mut vc))?;
-    barrier.wait();
+    barrier();
     let copy = time_op(&stream, 5, 30, || copy_d2d(&src, &mut dst, &stream))?;
     Ok(Shard { rank, name: device.name()?, q: q_out, k_cache, v_cache, step: step_t, copy, bytes })
 }

@@ -59,6 +59,7 @@ pub fn time_after(
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
     assert!(runs > 0, "time_op: runs must be positive");
+    let (warmup, runs) = capped(warmup, runs);
     for _ in 0..warmup {
         op()?;
     }
@@ -74,6 +75,18 @@ pub fn time_after(
         times.push(stop.elapsed_time_f32(&start)? as f64 * 1e3);
     }
     Ok(summary(times))
+}
+
+/// `ROPE_CUDA_BENCH_RUNS=N` caps every timing at N runs after one warm-up: for running the
+/// example under compute-sanitizer (`.ci/sanitize` sets it), where each launch is checked and
+/// the figures mean nothing.
+fn capped(warmup: usize, runs: usize) -> (usize, usize) {
+    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let cap = CAP.get_or_init(|| std::env::var("ROPE_CUDA_BENCH_RUNS").ok()?.parse().ok().filter(|&n| n > 0));
+    match *cap {
+        Some(n) => (warmup.min(1), runs.min(n)),
+        None => (warmup, runs),
+    }
 }
 
 fn summary(mut times: Vec<f64>) -> Timing {
@@ -129,6 +142,7 @@ pub fn host_time(
     batch: usize,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
+    let (_, runs) = capped(0, runs);
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         spin(kernels, stream, 100_000 + 20_000 * batch as u64)?;

@@ -123,10 +123,12 @@ fn buffers_of_another_device_are_refused() {
     let slots = DeviceBuffer::from_slice(&[0i64, 1, 2, 3]).unwrap();
     let l = Layout::bshd(4, 1, 4, 64);
     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(1, 4, 4, 64));
-    let on_1_view = tq.as_tensor();
-    let e =
-        rope.append_kv(None, &on_1_view, &Tensor::new(&k0, l), &mut cache, Positions::Ids(&ids), Some(&slots), &stream);
+    let (on_1_keys, on_0_values) = (Tensor::new(&on_1, l), Tensor::new(&k0, l));
+    let e = rope.append_kv(None, &on_1_keys, &on_0_values, &mut cache, Positions::Ids(&ids), Some(&slots), &stream);
     assert!(matches!(e, Err(Error::Device { what: "k", expected: 0, got: 1 })), "{e:?}");
+    // The same call with both on device 0 is accepted: the refusal was the device's.
+    let on_0_keys = Tensor::new(&k0, l);
+    rope.append_kv(None, &on_0_keys, &on_0_values, &mut cache, Positions::Ids(&ids), Some(&slots), &stream).unwrap();
     stream.synchronize().unwrap();
     CurrentContext::set_current(&ctx1).unwrap();
     let mut back = vec![bf16::ZERO; host.len()];
