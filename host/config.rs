@@ -13,6 +13,22 @@ pub enum RopeStyle {
     GptJ,
 }
 
+/// How many heads one thread of the RoPE kernels takes (where the views allow 16-byte
+/// accesses; otherwise the element-by-element kernels run). A tuning choice: every choice
+/// computes the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HeadGrouping {
+    /// Several heads a thread (the count measured fastest for the dtype and style), except
+    /// for launches of few tokens (decode steps), where that would leave most of the GPU idle,
+    /// and in place on heads whose rows share 128-byte lines: one head a thread there.
+    #[default]
+    Auto,
+    /// One head a thread.
+    One,
+    /// The measured count, whatever the size and layout.
+    Several,
+}
+
 /// Element type of q and k. The arithmetic is f32 in every case; the table is always f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -78,6 +94,8 @@ pub struct RopeConfig {
     /// frequencies by it (`None`: the model's trained length). Build one [`Rope`](crate::Rope)
     /// per length the engine serves with.
     pub seq_len: Option<usize>,
+    /// Heads per thread of the RoPE kernels.
+    pub grouping: HeadGrouping,
 }
 
 impl RopeConfig {
@@ -96,6 +114,7 @@ impl RopeConfig {
             checked: false,
             scaling: RopeScaling::Default,
             seq_len: None,
+            grouping: HeadGrouping::Auto,
         }
     }
 
@@ -138,6 +157,12 @@ impl RopeConfig {
     /// Sets the element type.
     pub fn dtype(mut self, dtype: DType) -> Self {
         self.dtype = dtype;
+        self
+    }
+
+    /// Sets how many heads a thread of the RoPE kernels takes.
+    pub fn grouping(mut self, grouping: HeadGrouping) -> Self {
+        self.grouping = grouping;
         self
     }
 

@@ -76,7 +76,7 @@ mod seed;
 mod table;
 mod tensor;
 
-pub use config::{DType, Direction, RopeConfig, RopeStyle};
+pub use config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle};
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
 pub use hf_config::INTERLEAVED_MODEL_TYPES;

@@ -5,7 +5,7 @@ use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::params::{groups, heads_per_thread, position_mode, ErrorRecord, HeadsView, RopeParams};
 
-use crate::config::{DType, Direction, RopeConfig, RopeStyle};
+use crate::config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle};
 use crate::error::{driver, Error, Result};
 use crate::kernels::{launch, Geometry, Kernels};
 use crate::layout::disjoint;
@@ -256,6 +256,10 @@ pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     plan(config, args).map(|_| ())
 }
 
+/// Below this many threads at [`heads_per_thread`] heads each, a launch takes one head per
+/// thread instead (256 blocks of 128: about two per multiprocessor of an H200).
+const FEW_THREADS: u64 = 1 << 15;
+
 /// Which entry point a launch takes (the index into `Functions::rope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Width {
@@ -414,7 +418,16 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
     // slower (the H200, Phi-3's head_dim 96 in bf16: 20.7% of copy bandwidth against 75% with
     // one head per thread; the same heads out of place: 87.6%), so those take one head each.
     let shared_lines = ops().any(|op| (op.input.layout.strides[2] * size) % 128 != 0);
-    let width = match (vector, in_place && g > 1 && shared_lines) {
+    // Few tokens (decode): several heads a thread would leave most of the GPU idle (64 tokens
+    // of 32/8 heads of 128 in bf16: 20 blocks), and the launch is one thread's latency chain
+    // long; one head a thread makes g times the threads and a g times shorter chain.
+    let few = params.tokens as u64 * work_per_token(&params, g) < FEW_THREADS;
+    let one = match config.grouping {
+        HeadGrouping::Auto => few || (in_place && shared_lines),
+        HeadGrouping::One => true,
+        HeadGrouping::Several => false,
+    };
+    let width = match (vector, g > 1 && one) {
         (false, _) => Width::Scalar,
         (true, false) => Width::Vector,
         (true, true) => Width::Single,
@@ -450,8 +463,12 @@ pub(crate) fn check_positions(positions: &RawPositions, batch: usize, seq: usize
 /// The launch geometry of [`RopeParams`]'s thread mapping ([`work_item`]) for a kernel taking
 /// `g` heads per thread, and the tokens per grid row; `None` when there is no work.
 fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
-    let work = (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64;
-    flat_geometry(p.tokens, work)
+    flat_geometry(p.tokens, work_per_token(p, g))
+}
+
+/// Work items (threads) per token of [`RopeParams`]'s mapping at `g` heads per thread.
+fn work_per_token(p: &RopeParams, g: u32) -> u64 {
+    (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64
 }
 
 /// The geometry of [`work_item`]'s mapping for `tokens` tokens of `work` items each, and the
@@ -524,19 +541,56 @@ mod tests {
         assert_eq!(p.params.sin_sign, 1.0);
     }
 
+    /// [`args_with`] for 2 sequences of `seq` tokens, 32 q and 8 k heads, far-apart buffers.
+    fn args_tokens(config: RopeConfig, dtype: DType, seq: usize) -> (RopeConfig, RawArgs) {
+        let (config, mut args) = args_with(config, dtype);
+        let (d, at) = (config.head_dim, |i: u64| i << 36);
+        args.q = tensor(at(1), Layout::bshd(2, seq, 32, d));
+        args.k = Some(tensor(at(2), Layout::bshd(2, seq, 8, d)));
+        args.positions = RawPositions { kind: PositionKind::IdsI32, ptr: at(3), len: 2 * seq };
+        (config, args)
+    }
+
     #[test]
     fn in_place_heads_sharing_lines_take_one_head_per_thread() {
         // bf16 head_dim 96: rows of 192 bytes share 128-byte lines.
-        let (config, mut args) = args_with(RopeConfig::new(96, 64), DType::BF16);
+        let (config, mut args) = args_tokens(RopeConfig::new(96, 4096), DType::BF16, 4096);
         let p = plan(&config, &args).unwrap().unwrap();
         assert_eq!(p.width, Width::Single);
         assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
         // Out of place, or rows of whole lines: the measured heads per thread.
-        args.q_out = Some(tensor(4 * BASE, args.q.layout));
-        args.k_out = Some(tensor(5 * BASE, args.k.unwrap().layout));
+        args.q_out = Some(tensor(4 << 36, args.q.layout));
+        args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
         assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
-        let (config, args) = args_with(RopeConfig::new(128, 64), DType::BF16);
+        let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 4096);
         assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+    }
+
+    #[test]
+    fn few_tokens_take_one_head_per_thread() {
+        // A decode step: 64 tokens of 32/8 heads of 128, in place and out.
+        let (config, mut args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 32);
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert_eq!(p.width, Width::Single);
+        assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
+        assert!(p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2)) < FEW_THREADS);
+        args.q_out = Some(tensor(4 << 36, args.q.layout));
+        args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Single);
+        // Where the measured count is one head (f32 NeoX), its `_v` kernel stays.
+        let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::F32, 32);
+        let want = if heads_per_thread(true, true, 4) == 1 { Width::Vector } else { Width::Single };
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, want);
+        // Enough tokens to fill the GPU at several heads a thread: the vector kernel.
+        let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 512);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+        // Chosen by the configuration instead.
+        let (config, args) = args_tokens(RopeConfig::new(128, 4096).grouping(HeadGrouping::One), DType::BF16, 512);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Single);
+        let (config, args) = args_tokens(RopeConfig::new(96, 4096).grouping(HeadGrouping::Several), DType::BF16, 32);
+        let p = plan(&config, &args).unwrap().unwrap();
+        assert_eq!(p.width, Width::Vector, "few tokens, in place on rows sharing lines");
+        assert_eq!(p.geometry, geometry(&p.params, heads_per_thread(true, true, 2)).unwrap().unwrap().0);
     }
 
     #[test]

@@ -14,7 +14,9 @@ mod common;
 use common::{download_t, gpu, test_seed, upload_t, Gpu, TestElem};
 use cust::memory::DeviceBuffer;
 use rope_cuda::reference::{rope_row, rope_row_freqs, splitmix64, uniform};
-use rope_cuda::{DType, Direction, Error, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
+use rope_cuda::{
+    DType, Direction, Error, HeadGrouping, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+};
 
 const MAX_POS: usize = 4096;
 const F32_TOL: f64 = 2e-6;
@@ -315,8 +317,18 @@ fn matrix<T: TestElem>(test: &str) {
     let mut failures = Vec::new();
     let mut cases = 0;
     for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
-        for (hd, rot) in [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64)] {
-            let config = RopeConfig::new(hd, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(10_000.0);
+        // Both kernel families at this size: one head a thread (what few tokens get) and
+        // several (what many tokens get).
+        for ((hd, rot), grouping) in [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64)]
+            .into_iter()
+            .flat_map(|d| [(d, HeadGrouping::One), (d, HeadGrouping::Several)])
+        {
+            let config = RopeConfig::new(hd, MAX_POS)
+                .rotary_dim(rot)
+                .style(style)
+                .dtype(T::DTYPE)
+                .base(10_000.0)
+                .grouping(grouping);
             let rope = Rope::new(&g.kernels, config).unwrap();
             for heads in [(32, 8), (17, 1), (8, 8)] {
                 for kind in [Storage::Bshd, Storage::Bhsd, Storage::PackedQkv, Storage::PackedOdd] {
@@ -326,7 +338,7 @@ fn matrix<T: TestElem>(test: &str) {
                             let case_seed = seed.wrapping_add(cases);
                             if let Some(e) = case::<T>(&g, &rope, kind, heads, pos_kind, in_place, case_seed) {
                                 failures.push(format!(
-                                    "{} {style:?} hd {hd} rot {rot} heads {heads:?} {kind:?} {pos_kind:?} in_place {in_place} seed {case_seed}: {e}",
+                                    "{} {style:?} hd {hd} rot {rot} {grouping:?} heads {heads:?} {kind:?} {pos_kind:?} in_place {in_place} seed {case_seed}: {e}",
                                     T::NAME
                                 ));
                             }
@@ -336,7 +348,7 @@ fn matrix<T: TestElem>(test: &str) {
             }
         }
     }
-    assert_eq!(cases, 2 * 5 * 3 * 4 * 4 * 2);
+    assert_eq!(cases, 2 * 5 * 2 * 3 * 4 * 4 * 2);
     assert!(
         failures.is_empty(),
         "{} of {cases} cases failed:\n{}",
@@ -483,8 +495,11 @@ fn head_dims_96_112_192_512() {
     let mut cases = 0u64;
     for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
         for (hd, rot) in [(96, 96), (96, 32), (112, 112), (192, 192), (192, 96), (512, 512), (512, 128)] {
-            for dtype in [DType::F32, DType::F16, DType::BF16] {
-                let config = RopeConfig::new(hd, MAX_POS).rotary_dim(rot).style(style).dtype(dtype);
+            let dtypes = [DType::F32, DType::F16, DType::BF16];
+            for (dtype, grouping) in
+                dtypes.into_iter().flat_map(|d| [(d, HeadGrouping::One), (d, HeadGrouping::Several)])
+            {
+                let config = RopeConfig::new(hd, MAX_POS).rotary_dim(rot).style(style).dtype(dtype).grouping(grouping);
                 let rope = Rope::new(&g.kernels, config).unwrap();
                 for kind in [Storage::Bshd, Storage::PackedQkv, Storage::PackedOdd] {
                     for in_place in [true, false] {
@@ -497,7 +512,7 @@ fn head_dims_96_112_192_512() {
                         };
                         if let Some(e) = e {
                             failures.push(format!(
-                                "{dtype:?} {style:?} hd {hd} rot {rot} {kind:?} in_place {in_place} seed {s}: {e}"
+                                "{dtype:?} {style:?} hd {hd} rot {rot} {grouping:?} {kind:?} in_place {in_place} seed {s}: {e}"
                             ));
                         }
                     }
@@ -505,6 +520,6 @@ fn head_dims_96_112_192_512() {
             }
         }
     }
-    assert_eq!(cases, 2 * 7 * 3 * 3 * 2);
+    assert_eq!(cases, 2 * 7 * 3 * 2 * 3 * 2);
     assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
 }
