@@ -238,6 +238,9 @@ pub enum Error {
         /// The buffer's device ordinal.
         got: i32,
     },
+    /// A call that cannot go into a CUDA graph was made while capturing or recording one.
+    #[error("{0} cannot be captured or recorded into a CUDA graph")]
+    NotCapturable(&'static str),
     /// The CUDA driver reported an error through cust.
     #[error("CUDA driver error: {0}")]
     Cuda(#[from] CudaError),

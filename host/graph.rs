@@ -1,19 +1,132 @@
-//! CUDA graphs: capture the launches of a step once, replay them with one call.
+//! CUDA graphs: the launches of a step made once, replayed with one call.
 //!
-//! `Rope::apply*`, `Rope::append_kv*` (up to [`crate::KV_SCAN_MAX_TOKENS`] tokens) and
-//! `KvUpdate::update_kv_cache` queue their work without allocating, synchronising or looking
-//! anything up, so they may be captured. Not capturable: a configuration with `checked` set
-//! (it synchronises), `check_errors` (it synchronises), and `append_kv` calls above
-//! `KV_SCAN_MAX_TOKENS` tokens whose owner array must first grow (the first such call
-//! allocates; make one before capturing).
+//! Two ways to make one. [`Graph::capture`] captures a stream: everything queued on it,
+//! this library's work or not; while it lasts, no other thread of the context may make a
+//! synchronising call (see there). [`Graph::record`] records this library's launches and
+//! copies as graph nodes without capturing anything, so other threads are free meanwhile.
 //!
-//! A graph holds the addresses it was captured with, not the values behind them: write new
+//! `Rope::apply*`, `Rope::append_kv*` and `KvUpdate::update_kv_cache` of up to
+//! [`crate::KV_SCAN_MAX_TOKENS`] tokens queue their work without allocating, synchronising or
+//! looking anything up, so they may go into a graph. Not into a graph: a configuration with
+//! `checked` set (it synchronises), `check_errors` (it synchronises), and KV calls of more
+//! tokens, which settle duplicate slots with an owner array tagged by the host at each call
+//! (a replay would reuse the tag): they return [`Error::NotCapturable`] there.
+//!
+//! A graph holds the addresses it was made with, not the values behind them: write new
 //! positions, slots or inputs into the same buffers between replays.
 
 use cust::stream::Stream;
 use cust::sys as cuda;
 
-use crate::error::{driver, Result};
+use std::cell::RefCell;
+use std::ffi::c_void;
+
+use crate::error::{driver, Error, Result};
+use crate::kernels::Geometry;
+
+/// A graph being recorded on this thread ([`Graph::record`]).
+struct Recording {
+    graph: cuda::CUgraph,
+    /// The last node added (null before the first): the next depends on it.
+    last: cuda::CUgraphNode,
+    context: cuda::CUcontext,
+}
+
+thread_local! {
+    static RECORDING: RefCell<Option<Recording>> = const { RefCell::new(None) };
+}
+
+/// Whether this thread is recording a graph.
+pub(crate) fn recording() -> bool {
+    RECORDING.with_borrow(Option::is_some)
+}
+
+/// Adds a node made by `add(node, graph, dependencies, count, context)` after the last one,
+/// if this thread is recording: `None` when it is not.
+fn add_node(
+    call: &'static str,
+    add: impl FnOnce(
+        &mut cuda::CUgraphNode,
+        cuda::CUgraph,
+        *const cuda::CUgraphNode,
+        usize,
+        cuda::CUcontext,
+    ) -> cuda::CUresult,
+) -> Option<Result<()>> {
+    RECORDING.with_borrow_mut(|r| {
+        let r = r.as_mut()?;
+        let (deps, count) = if r.last.is_null() { (std::ptr::null(), 0) } else { (&raw const r.last, 1) };
+        let mut node = std::ptr::null_mut();
+        Some(driver(call, add(&mut node, r.graph, deps, count, r.context)).map(|()| r.last = node))
+    })
+}
+
+/// Records a launch of `function` (its parameters copied now) if this thread is recording.
+pub(crate) fn record_kernel(
+    function: cuda::CUfunction,
+    geometry: Geometry,
+    shared_bytes: u32,
+    args: *mut *mut c_void,
+) -> Option<Result<()>> {
+    if !recording() {
+        return None;
+    }
+    let params = cuda::CUDA_KERNEL_NODE_PARAMS {
+        func: function,
+        gridDimX: geometry.grid.0,
+        gridDimY: geometry.grid.1,
+        gridDimZ: 1,
+        blockDimX: geometry.block.0,
+        blockDimY: geometry.block.1,
+        blockDimZ: 1,
+        sharedMemBytes: shared_bytes,
+        kernelParams: args,
+        extra: std::ptr::null_mut(),
+    };
+    // SAFETY: `params` names a loaded function and its parameters, which the driver copies.
+    add_node("cuGraphAddKernelNode", |node, graph, deps, count, _| unsafe {
+        cuda::cuGraphAddKernelNode(node, graph, deps, count, &params)
+    })
+}
+
+/// Records a device-to-device copy of `bytes` bytes if this thread is recording.
+pub(crate) fn record_copy(dst: cuda::CUdeviceptr, src: cuda::CUdeviceptr, bytes: usize) -> Option<Result<()>> {
+    if !recording() {
+        return None;
+    }
+    let device = cuda::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    let copy = cuda::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: device,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: bytes,
+        Height: 1,
+        Depth: 1,
+    };
+    // SAFETY: both ranges are the caller's live device memory of `bytes` bytes.
+    add_node("cuGraphAddMemcpyNode", |node, graph, deps, count, context| unsafe {
+        cuda::cuGraphAddMemcpyNode(node, graph, deps, count, &copy, context)
+    })
+}
 
 /// A captured, instantiated CUDA graph.
 ///
@@ -46,9 +159,17 @@ unsafe impl Send for Graph {}
 unsafe impl Sync for Graph {}
 
 impl Graph {
-    /// Captures what `queue` queues on `stream` (thread-local capture mode: other threads'
-    /// CUDA calls are not affected) and instantiates it. Nothing runs during capture. If
-    /// `queue` fails, the capture is ended and discarded and its error returned.
+    /// Captures what `queue` queues on `stream` (thread-local capture mode) and instantiates
+    /// it. Nothing runs during capture. If `queue` fails, the capture is ended and discarded
+    /// and its error returned.
+    ///
+    /// Stream capture is a state of the whole context: while it lasts, another thread of the
+    /// same context must not make a call that synchronises it — a synchronous copy, freeing
+    /// memory, loading or unloading a module (creating or dropping a [`Kernels`](crate::Kernels),
+    /// [`Rope`](crate::Rope) or [`KvUpdate`](crate::KvUpdate)). On the H200 such calls made
+    /// the other thread's call fail, ended the capture with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`,
+    /// or crashed the process inside the driver's `cuModuleUnload`. Where other threads work
+    /// in the context, use [`Graph::record`].
     pub fn capture(stream: &Stream, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
         let raw = stream.as_inner();
         let mode = cuda::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -58,13 +179,51 @@ impl Graph {
         let mut graph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above, writing the graph (null if it was invalidated).
         let ended = driver("cuStreamEndCapture", unsafe { cuda::cuStreamEndCapture(raw, &mut graph) });
+        Graph::instantiate(graph, queued.and(ended))
+    }
+
+    /// Records the launches this library's calls in `queue` make into a new graph, node after
+    /// node in the order they are made, instead of queueing them (the calls' `stream`
+    /// arguments are not used), and instantiates it. No stream is captured, so other threads
+    /// may use the context meanwhile as they like. Only this library's operations are
+    /// recorded: anything else `queue` does runs as it would. If `queue` fails, the graph is
+    /// discarded and its error returned.
+    pub fn record(queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        if RECORDING.with_borrow(Option::is_some) {
+            return Err(Error::NotCapturable("Graph::record inside Graph::record"));
+        }
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: writes a new, empty graph.
+        driver("cuGraphCreate", unsafe { cuda::cuGraphCreate(&mut graph, 0) })?;
+        let mut context = std::ptr::null_mut();
+        // SAFETY: writes the calling thread's current context.
+        if let Err(e) = driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) }) {
+            return Graph::instantiate(graph, Err(e));
+        }
+        /// Ends the recording however `queue` returns (a panic included).
+        struct Stop;
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                RECORDING.set(None);
+            }
+        }
+        RECORDING.set(Some(Recording { graph, last: std::ptr::null_mut(), context }));
+        let stop = Stop;
+        let queued = queue();
+        drop(stop);
+        Graph::instantiate(graph, queued)
+    }
+
+    /// Instantiates `graph` after `made` (what making it returned), or destroys it (when not
+    /// null) and returns the error.
+    fn instantiate(graph: cuda::CUgraph, made: Result<()>) -> Result<Graph> {
         let destroy = |graph: cuda::CUgraph| {
             if !graph.is_null() {
                 // SAFETY: `graph` came from the capture and is not used again.
                 unsafe { cuda::cuGraphDestroy(graph) };
             }
         };
-        if let Err(e) = queued.and(ended) {
+        if let Err(e) = made {
             destroy(graph);
             return Err(e);
         }

@@ -136,7 +136,8 @@ pub(crate) struct Geometry {
 }
 
 /// Launches `function` with `params` as its one by-value parameter and `shared_bytes` of
-/// dynamic shared memory.
+/// dynamic shared memory; while this thread records a graph ([`crate::Graph::record`]), adds
+/// the launch to the graph instead.
 ///
 /// # Safety
 /// `params` is the struct `function` expects, and every address in it is valid for what the
@@ -149,6 +150,9 @@ pub(crate) unsafe fn launch<P>(
     stream: cuda::CUstream,
 ) -> Result<()> {
     let mut args = [params as *const P as *mut c_void];
+    if let Some(recorded) = crate::graph::record_kernel(function, geometry, shared_bytes, args.as_mut_ptr()) {
+        return recorded;
+    }
     let (gx, gy) = geometry.grid;
     let (bx, by) = geometry.block;
     driver(

@@ -150,6 +150,13 @@ impl Owners {
     /// # Safety
     /// `plan_kv` made `p`: its positions and slots are valid for `p.tokens` tokens.
     unsafe fn claim(&mut self, kernels: &Kernels, p: &mut KvParams, stream: cuda::CUstream) -> Result<()> {
+        // A graph would replay this call's epoch: the claims of one replay would then compete
+        // with the last replay's for the same slots.
+        let mut capturing = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        driver("cuStreamIsCapturing", cuda::cuStreamIsCapturing(stream, &mut capturing))?;
+        if crate::graph::recording() || capturing != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::NotCapturable("a KV append or update of more than KV_SCAN_MAX_TOKENS tokens"));
+        }
         let needed = (p.num_slots as usize).max(1);
         if self.buf.as_ref().is_none_or(|b| b.len() < needed) || self.epoch == u32::MAX {
             // Zeroed: epoch 0 is never used, so no stale entry matches.
@@ -613,8 +620,12 @@ impl<'k> KvUpdate<'k> {
         // SAFETY: the lengths were checked above: both caches hold `cache_elems` elements and
         // `out` twice that, and `out` overlaps no input.
         unsafe {
-            driver("cuMemcpyDtoDAsync", cuda::cuMemcpyDtoDAsync_v2(addr(out), addr(cache_k), bytes, raw_stream))?;
-            driver("cuMemcpyDtoDAsync", cuda::cuMemcpyDtoDAsync_v2(half_out, addr(cache_v), bytes, raw_stream))?;
+            for (dst, src) in [(addr(out), addr(cache_k)), (half_out, addr(cache_v))] {
+                match crate::graph::record_copy(dst, src, bytes) {
+                    Some(recorded) => recorded?,
+                    None => driver("cuMemcpyDtoDAsync", cuda::cuMemcpyDtoDAsync_v2(dst, src, bytes, raw_stream))?,
+                }
+            }
         }
         let Some(plan) = plan else { return Ok(()) };
         self.cache_len.store(s, std::sync::atomic::Ordering::Relaxed);
