@@ -7,19 +7,20 @@
 //!
 //! `Rope::apply*`, `Rope::append_kv*` and `KvUpdate::update_kv_cache` of up to
 //! [`crate::KV_SCAN_MAX_TOKENS`] tokens queue their work without allocating, synchronising or
-//! looking anything up, so they may go into a graph. Not into a graph: a configuration with
-//! `checked` set (it synchronises), `check_errors` (it synchronises), and KV calls of more
-//! tokens, which settle duplicate slots with an owner array tagged by the host at each call
-//! (a replay would reuse the tag): they return [`Error::NotCapturable`] there.
+//! looking anything up, so they may go into a graph. Not into a graph, each an
+//! [`Error::NotCapturable`] there (a capture's own driver error for the first two): a
+//! configuration with `checked` set and `check_errors` (they synchronise and read what ran),
+//! and KV calls of more tokens, which settle duplicate slots with an owner array tagged by the
+//! host at each call (a replay would reuse the tag).
 //!
 //! A graph holds the addresses it was made with, not the values behind them: write new
 //! positions, slots or inputs into the same buffers between replays.
 
-use cust::stream::Stream;
-use cust::sys as cuda;
-
 use std::cell::RefCell;
 use std::ffi::c_void;
+
+use cust::stream::Stream;
+use cust::sys as cuda;
 
 use crate::error::{driver, Error, Result};
 use crate::kernels::Geometry;

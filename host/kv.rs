@@ -442,6 +442,7 @@ impl Rope<'_> {
             ("positions", args.positions.read_address()),
             ("slots", args.slots.map_or(0, |s| s.0)),
         ])?;
+        self.not_checked_in_a_graph()?;
         let mut p = plan.params;
         p.cos = self.table.cos.as_device_ptr().as_raw();
         p.sin = self.table.sin.as_device_ptr().as_raw();
@@ -662,6 +663,9 @@ impl<'k> KvUpdate<'k> {
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
     /// since the last check.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
+        if crate::graph::recording() {
+            return Err(Error::NotCapturable("check_errors"));
+        }
         stream.synchronize()?;
         take_errors(&self.errors, self.cache_len.load(std::sync::atomic::Ordering::Relaxed), None)
     }

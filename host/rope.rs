@@ -165,6 +165,7 @@ impl<'k> Rope<'k> {
             ("k_out", args.k_out.map_or(0, |t| t.ptr)),
             ("positions", args.positions.read_address()),
         ])?;
+        self.not_checked_in_a_graph()?;
         let mut params = plan.params;
         params.cos = self.table.cos.as_device_ptr().as_raw();
         params.sin = self.table.sin.as_device_ptr().as_raw();
@@ -191,8 +192,20 @@ impl<'k> Rope<'k> {
     /// The record is shared by every stream this `Rope` launches on: with several streams,
     /// synchronise the others first so that their launches are reported too.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
+        if crate::graph::recording() {
+            return Err(Error::NotCapturable("check_errors"));
+        }
         stream.synchronize()?;
         self.take_errors()
+    }
+
+    /// A checked configuration synchronises after each call: while recording a graph nothing
+    /// has run, so it would report nothing ([`Error::NotCapturable`]; a capture fails anyway).
+    pub(crate) fn not_checked_in_a_graph(&self) -> Result<()> {
+        match self.config.checked && crate::graph::recording() {
+            true => Err(Error::NotCapturable("a call of a checked configuration")),
+            false => Ok(()),
+        }
     }
 
     /// Reads and clears the error records (the work that wrote them has completed).

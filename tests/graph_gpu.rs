@@ -252,3 +252,26 @@ fn claiming_appends_are_not_capturable() {
     g.stream.synchronize().unwrap();
     assert!(download_t(&kc).iter().zip(&cache).any(|(a, b)| a.bits() != b.bits()), "the eager call wrote nothing");
 }
+
+/// A checked configuration's calls and `check_errors` are refused while recording (nothing
+/// has run then, so they would report nothing), before anything is recorded.
+#[test]
+fn checked_calls_are_not_recordable() {
+    let _together = together();
+    let test = "checked_calls_are_not_recordable";
+    let Some(g) = gpu(test) else { return };
+    let checked = Rope::new(&g.kernels, RopeConfig::new(64, 64).checked(true)).unwrap();
+    let unchecked = Rope::new(&g.kernels, RopeConfig::new(64, 64)).unwrap();
+    let host: Vec<f32> = (0..4 * 64).map(|i| uniform(1, 0, i)).collect();
+    let mut q = upload_t(&host);
+    let pos = upload_t(&[1i32, 2, 3, 4]);
+    let e = rope_cuda::Graph::record(|| {
+        let mut t = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
+        checked.apply_in_place(&mut t, None, Positions::Ids(&pos), Direction::Forward, &g.stream)
+    });
+    assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
+    let e = rope_cuda::Graph::record(|| unchecked.check_errors(&g.stream));
+    assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
+    g.stream.synchronize().unwrap();
+    assert_eq!(download_t(&q), host, "a refused call wrote");
+}
