@@ -7,11 +7,12 @@
 //!
 //! `Rope::apply*`, `Rope::append_kv*` and `KvUpdate::update_kv_cache` of up to
 //! [`crate::KV_SCAN_MAX_TOKENS`] tokens queue their work without allocating, synchronising or
-//! looking anything up, so they may go into a graph. Not into a graph, each an
-//! [`Error::NotCapturable`] there (a capture's own driver error for the first two): a
-//! configuration with `checked` set and `check_errors` (they synchronise and read what ran),
-//! and KV calls of more tokens, which settle duplicate slots with an owner array tagged by the
-//! host at each call (a replay would reuse the tag).
+//! looking anything up, so they may go into a graph. Not into a graph: a configuration with
+//! `checked` set and `check_errors`, which synchronise and read what ran (while recording,
+//! [`Error::NotCapturable`]; inside a capture they synchronise a capturing stream, which CUDA
+//! does not allow), and KV calls of more tokens, which settle duplicate slots with an owner
+//! array tagged by the host at each call, so a replay would reuse the tag
+//! ([`Error::NotCapturable`] in both).
 //!
 //! A graph holds the addresses it was made with, not the values behind them: write new
 //! positions, slots or inputs into the same buffers between replays.
