@@ -43,6 +43,15 @@ pub(crate) fn recording() -> bool {
     RECORDING.with_borrow(Option::is_some)
 }
 
+/// [`Error::NotCapturable`] naming `what` while this thread records a graph: for calls that
+/// synchronise and read what ran, which in a recording has not run.
+pub(crate) fn not_while_recording(what: &'static str) -> Result<()> {
+    match recording() {
+        true => Err(Error::NotCapturable(what)),
+        false => Ok(()),
+    }
+}
+
 /// Adds a node made by `add(node, graph, dependencies, count, context)` after the last one,
 /// if this thread is recording: `None` when it is not.
 fn add_node(

@@ -444,10 +444,7 @@ impl Rope<'_> {
         ])?;
         self.not_checked_in_a_graph()?;
         let mut p = plan.params;
-        p.cos = self.table.cos.as_device_ptr().as_raw();
-        p.sin = self.table.sin.as_device_ptr().as_raw();
-        p.cos_lo = self.table.cos_lo.as_device_ptr().as_raw();
-        p.sin_lo = self.table.sin_lo.as_device_ptr().as_raw();
+        [p.cos, p.sin, p.cos_lo, p.sin_lo] = self.table.addresses();
         p.error = self.errors.as_device_ptr().as_raw();
         self.last_num_slots.store(p.num_slots, std::sync::atomic::Ordering::Relaxed);
         // Held from the claims to the launch that reads them.
@@ -663,9 +660,7 @@ impl<'k> KvUpdate<'k> {
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
     /// since the last check.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        if crate::graph::recording() {
-            return Err(Error::NotCapturable("check_errors"));
-        }
+        crate::graph::not_while_recording("check_errors")?;
         stream.synchronize()?;
         take_errors(&self.errors, self.cache_len.load(std::sync::atomic::Ordering::Relaxed), None)
     }

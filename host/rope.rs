@@ -167,10 +167,7 @@ impl<'k> Rope<'k> {
         ])?;
         self.not_checked_in_a_graph()?;
         let mut params = plan.params;
-        params.cos = self.table.cos.as_device_ptr().as_raw();
-        params.sin = self.table.sin.as_device_ptr().as_raw();
-        params.cos_lo = self.table.cos_lo.as_device_ptr().as_raw();
-        params.sin_lo = self.table.sin_lo.as_device_ptr().as_raw();
+        [params.cos, params.sin, params.cos_lo, params.sin_lo] = self.table.addresses();
         params.error = self.errors.as_device_ptr().as_raw();
         let f = &self.kernels.functions.rope;
         let function =
@@ -192,9 +189,7 @@ impl<'k> Rope<'k> {
     /// The record is shared by every stream this `Rope` launches on: with several streams,
     /// synchronise the others first so that their launches are reported too.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        if crate::graph::recording() {
-            return Err(Error::NotCapturable("check_errors"));
-        }
+        crate::graph::not_while_recording("check_errors")?;
         stream.synchronize()?;
         self.take_errors()
     }
@@ -202,8 +197,8 @@ impl<'k> Rope<'k> {
     /// A checked configuration synchronises after each call: while recording a graph nothing
     /// has run, so it would report nothing ([`Error::NotCapturable`]; a capture fails anyway).
     pub(crate) fn not_checked_in_a_graph(&self) -> Result<()> {
-        match self.config.checked && crate::graph::recording() {
-            true => Err(Error::NotCapturable("a call of a checked configuration")),
+        match self.config.checked {
+            true => crate::graph::not_while_recording("a call of a checked configuration"),
             false => Ok(()),
         }
     }

@@ -95,6 +95,12 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
+    /// Device addresses of the cosines, sines and their residuals, as the kernels' parameters
+    /// name them.
+    pub(crate) fn addresses(&self) -> [u64; 4] {
+        [&self.cos, &self.sin, &self.cos_lo, &self.sin_lo].map(|b| b.as_device_ptr().as_raw())
+    }
+
     /// Builds the table of plain RoPE on the host (see [`HostTable::new`]) and uploads it
     /// to the current context.
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
