@@ -26,9 +26,9 @@ use cust::sys as cuda;
 use half::{bf16, f16};
 use rope_cuda::bench::{copy_d2d, empty, time_after, time_device, time_op, Timing};
 use rope_cuda::reference::splitmix64;
+use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    DType, Direction, Element, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle,
-    Tensor, TensorMut,
+    DType, Direction, Element, Kernels, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 type Res<T> = Result<T, Box<dyn StdError>>;
@@ -111,7 +111,7 @@ fn ids(tokens: usize) -> Vec<i32> {
 /// RoPE in place on q and k (or q only, `q_only`).
 fn rope_points<T: Element + DeviceCopy>(
     points: &mut Vec<Point>,
-    kernels: &Kernels,
+    kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,
     flush: &DeviceBuffer<u32>,
     style: RopeStyle,
@@ -132,7 +132,7 @@ fn rope_points<T: Element + DeviceCopy>(
             let mut tq = TensorMut::new(&mut q, Layout::bshd(1, tokens, HQ, D));
             let mut tk = TensorMut::new(&mut k, Layout::bshd(1, tokens, HK, D));
             let k = (!q_only).then_some(&mut tk);
-            rope.apply_in_place(&mut tq, k, Positions::Ids(&pos), Direction::Forward, stream)
+            rope.apply_in_place(&mut tq, k, Positions::IdsI32(&pos), Direction::Forward, stream)
         })?;
     }
     Ok(())
@@ -148,7 +148,7 @@ enum Cache {
 /// The fused append, bf16 NeoX: q rotated in place too (`with_q`), or keys and values only.
 fn append_points(
     points: &mut Vec<Point>,
-    kernels: &Kernels,
+    kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,
     flush: &DeviceBuffer<u32>,
     cache: Cache,
@@ -198,14 +198,22 @@ fn append_points(
             };
             let slots = paged.then_some(&*dslots);
             let q = with_q.then_some(&mut tq);
-            rope.append_kv(q, &tk, &tv, &mut c, Positions::Ids(&dpos), slots, stream)
+            rope.append_kv(
+                rope_cuda::KvAppend { q, k: &tk, v: &tv, cache: &mut c, positions: Positions::IdsI32(&dpos), slots },
+                stream,
+            )
         })?;
     }
     Ok(())
 }
 
 /// The reference update: B=8, S=8192, H=8, D=128, bf16, `tokens / 8` new tokens a sequence.
-fn reference_points(points: &mut Vec<Point>, kernels: &Kernels, stream: &Stream, flush: &DeviceBuffer<u32>) -> Res<()> {
+fn reference_points(
+    points: &mut Vec<Point>,
+    kernels: &std::sync::Arc<Kernels>,
+    stream: &Stream,
+    flush: &DeviceBuffer<u32>,
+) -> Res<()> {
     let (b, h, s) = (8, 8, 8192);
     let update = KvUpdate::new(kernels)?;
     let cache_n = b * s * h * D;

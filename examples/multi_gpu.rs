@@ -133,12 +133,14 @@ fn shard(rank: usize, n: usize, step: &Step, barrier: &dyn Fn()) -> Res<Shard> {
         let mut cache = KvCache::paged(kc, vc, cl);
         let mut tq = TensorMut::new(q, ql);
         rope.append_kv(
-            Some(&mut tq),
-            &Tensor::new(&k, kl),
-            &Tensor::new(&v, kl),
-            &mut cache,
-            Positions::Ids(&pos),
-            Some(&slots),
+            rope_cuda::KvAppend {
+                q: Some(&mut tq),
+                k: &Tensor::new(&k, kl),
+                v: &Tensor::new(&v, kl),
+                cache: &mut cache,
+                positions: Positions::IdsI32(&pos),
+                slots: Some(&slots),
+            },
             &stream,
         )
     };

@@ -1,4 +1,5 @@
 //! Timing with CUDA events, for the example and the benchmarks (not used by the kernels).
+//! Not part of the library's API (hidden from its documentation; may change at any time).
 
 use std::time::Instant;
 
@@ -7,8 +8,11 @@ use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::stream::Stream;
 use cust::sys as cuda;
 
-use crate::error::{driver, Result};
-use crate::kernels::{launch, Geometry, Kernels};
+use rope_cuda_kernels::keys::{BenchEmpty, BenchSpin, BenchTouch};
+use rope_cuda_kernels::params::Touch;
+
+use crate::error::{driver, Error, Result};
+use crate::kernels::{Geometry, Kernels};
 
 /// Summary of repeated timings of one operation, in microseconds of device time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,21 +102,22 @@ fn summary(mut times: Vec<f64>) -> Timing {
 /// Queues a one-thread kernel that spins for `ns` nanoseconds on `stream`.
 pub fn spin(kernels: &Kernels, stream: &Stream, ns: u64) -> Result<()> {
     let g = Geometry { grid: (1, 1), block: (1, 1) };
-    // SAFETY: `bench_spin` takes one u64 and touches no memory.
-    unsafe { launch(kernels.functions.bench[1], g, 0, &ns, stream.as_inner()) }
+    // SAFETY: `bench_spin` touches no memory.
+    unsafe { kernels.launch(BenchSpin, g, 0, &ns, stream.as_inner()) }
 }
 
 /// Queues an empty kernel of `blocks` blocks of 128 threads on `stream`: the launch's own
 /// cost.
 pub fn empty(kernels: &Kernels, stream: &Stream, blocks: u32) -> Result<()> {
     let g = Geometry { grid: (blocks, 1), block: (128, 1) };
-    // SAFETY: `bench_empty` takes no parameter (the unused one is ignored) and does nothing.
-    unsafe { launch(kernels.functions.bench[0], g, 0, &0u64, stream.as_inner()) }
+    // SAFETY: `bench_empty` does nothing.
+    unsafe { kernels.launch(BenchEmpty, g, 0, &0u64, stream.as_inner()) }
 }
 
 /// Queues a copy of `src` into `dst` (the shorter length, in whole 16-byte chunks) with one
 /// 16-byte load and store per thread, in blocks of 128: the least a step that reads its
-/// inputs before it writes can cost.
+/// inputs before it writes can cost. Both slices must start on 16 bytes ([`Error::Alignment`]
+/// otherwise: a slice taken inside a buffer need not).
 pub fn touch<T: DeviceCopy>(
     kernels: &Kernels,
     stream: &Stream,
@@ -120,17 +125,21 @@ pub fn touch<T: DeviceCopy>(
     dst: &mut DeviceSlice<T>,
 ) -> Result<()> {
     let bytes = src.len().min(dst.len()) * std::mem::size_of::<T>();
-    let p = rope_cuda_kernels::params::Touch {
-        src: src.as_device_ptr().as_raw(),
-        dst: dst.as_device_ptr().as_raw(),
-        chunks: (bytes / 16) as u64,
-    };
-    if p.chunks == 0 {
+    let p = touch_params(src.as_device_ptr().as_raw(), dst.as_device_ptr().as_raw(), bytes)?;
+    if p.chunks() == 0 {
         return Ok(());
     }
-    let g = Geometry { grid: (p.chunks.div_ceil(128) as u32, 1), block: (128, 1) };
-    // SAFETY: cust allocations are 256-byte aligned and hold `chunks` whole chunks each.
-    unsafe { launch(kernels.functions.bench[2], g, 0, &p, stream.as_inner()) }
+    let g = Geometry { grid: (p.chunks().div_ceil(128) as u32, 1), block: (128, 1) };
+    // SAFETY: both addresses are 16-byte aligned (checked) and hold `chunks` whole chunks.
+    unsafe { kernels.launch(BenchTouch, g, 0, &p, stream.as_inner()) }
+}
+
+/// The copy's parameters, or the alignment error that refuses it.
+fn touch_params(src: u64, dst: u64, bytes: usize) -> Result<Touch> {
+    Touch::new(src, dst, bytes as u64).ok_or_else(|| {
+        let (what, address) = if src % 16 != 0 { ("src", src) } else { ("dst", dst) };
+        Error::Alignment { what, address, align: 16 }
+    })
 }
 
 /// The host's time to queue one call of `op`, in microseconds (median of `runs` batches of
@@ -185,4 +194,19 @@ pub fn copy_d2d<T: cust::memory::DeviceCopy>(
     driver("cuMemcpyDtoDAsync", unsafe {
         cuda::cuMemcpyDtoDAsync_v2(dst.as_device_ptr().as_raw(), src.as_device_ptr().as_raw(), bytes, stream.as_inner())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `touch` moves 16-byte chunks: slices that do not start on 16 bytes are refused.
+    #[test]
+    fn touch_refuses_unaligned_slices() {
+        assert_eq!(touch_params(256, 512, 100).unwrap().chunks(), 6);
+        let e = touch_params(256 + 4, 512, 100).unwrap_err();
+        assert_eq!(e, Error::Alignment { what: "src", address: 260, align: 16 });
+        let e = touch_params(256, 512 + 8, 100).unwrap_err();
+        assert_eq!(e, Error::Alignment { what: "dst", address: 520, align: 16 });
+    }
 }

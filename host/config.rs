@@ -2,16 +2,10 @@
 
 use crate::error::{Error, Result};
 use crate::scaling::RopeScaling;
-use crate::table::MAX_POSITION_LIMIT;
+pub use rope_cuda_kernels::keys::{DType, RopeStyle};
 
-/// Which elements of a head are paired and rotated together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RopeStyle {
-    /// Rotate-half (GPT-NeoX, Llama, Qwen, …): pair `i` is `(x[i], x[i + rotary_dim / 2])`.
-    NeoX,
-    /// Interleaved (GPT-J, …): pair `i` is `(x[2i], x[2i + 1])`.
-    GptJ,
-}
+/// Largest number of positions: the kernels index positions in 32 bits.
+pub const MAX_POSITION_LIMIT: usize = i32::MAX as usize;
 
 /// How many heads one thread of the RoPE kernels takes (where the views allow 16-byte
 /// accesses; otherwise the element-by-element kernels run). A tuning choice: every choice
@@ -27,27 +21,6 @@ pub enum HeadGrouping {
     One,
     /// The measured count, whatever the size and layout.
     Several,
-}
-
-/// Element type of q and k. The arithmetic is f32 in every case; the table is always f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// `f32`.
-    F32,
-    /// IEEE binary16 (`half::f16`).
-    F16,
-    /// bfloat16 (`half::bf16`).
-    BF16,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-        }
-    }
 }
 
 /// Rotate by `+theta` (the forward embedding) or by `-theta` (its inverse: the backward pass,

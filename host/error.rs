@@ -227,6 +227,13 @@ pub enum Error {
         /// The driver's error.
         source: CudaError,
     },
+    /// The kernel list has no entry point for what a launch needs (a bug of this library:
+    /// every key its planners make is tested to exist).
+    #[error("no kernel for {key}")]
+    NoKernel {
+        /// The kernel key asked for.
+        key: String,
+    },
     /// A buffer lives on another device than the kernels (and the `Rope` or `KvUpdate`)
     /// that would use it.
     #[error("{what} is memory of device {got}; the kernels were loaded on device {expected}")]

@@ -16,6 +16,13 @@
 //!
 //! A graph holds the addresses it was made with, not the values behind them: write new
 //! positions, slots or inputs into the same buffers between replays.
+//!
+//! Replaying is `unsafe` ([`Graph::launch`]): nothing in the types ties a graph to the
+//! buffers its nodes name, so the caller promises they are still alive. Borrowing them
+//! instead would hold every buffer of a step borrowed for as long as the engine keeps the
+//! graph (for its whole life, typically), which rules out the reuse of activation buffers
+//! that graphs exist for; and the raw entry points hand the library addresses it cannot
+//! borrow at all.
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -24,7 +31,6 @@ use cust::stream::Stream;
 use cust::sys as cuda;
 
 use crate::error::{driver, Error, Result};
-use crate::kernels::Geometry;
 
 /// A graph being recorded on this thread ([`Graph::record`]).
 struct Recording {
@@ -75,7 +81,8 @@ fn add_node(
 /// Records a launch of `function` (its parameters copied now) if this thread is recording.
 pub(crate) fn record_kernel(
     function: cuda::CUfunction,
-    geometry: Geometry,
+    grid: (u32, u32),
+    block: (u32, u32),
     shared_bytes: u32,
     args: *mut *mut c_void,
 ) -> Option<Result<()>> {
@@ -84,11 +91,11 @@ pub(crate) fn record_kernel(
     }
     let params = cuda::CUDA_KERNEL_NODE_PARAMS {
         func: function,
-        gridDimX: geometry.grid.0,
-        gridDimY: geometry.grid.1,
+        gridDimX: grid.0,
+        gridDimY: grid.1,
         gridDimZ: 1,
-        blockDimX: geometry.block.0,
-        blockDimY: geometry.block.1,
+        blockDimX: block.0,
+        blockDimY: block.1,
         blockDimZ: 1,
         sharedMemBytes: shared_bytes,
         kernelParams: args,
@@ -152,7 +159,8 @@ pub(crate) fn record_copy(dst: cuda::CUdeviceptr, src: cuda::CUdeviceptr, bytes:
 /// let graph = Graph::capture(&stream, || step(&rope, &stream))?;
 /// for _ in 0..3 {
 ///     // write this step's positions into the captured buffers, then:
-///     graph.launch(&stream)?;
+///     // SAFETY: `rope` and every buffer `step` used are alive until the stream is synchronised.
+///     unsafe { graph.launch(&stream)? };
 /// }
 /// stream.synchronize()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -177,7 +185,7 @@ impl Graph {
     /// Stream capture is a state of the whole context: while it lasts, another thread of the
     /// same context must not make a call that synchronises it — a synchronous copy, freeing
     /// memory, loading or unloading a module (creating or dropping a [`Kernels`](crate::Kernels),
-    /// [`Rope`](crate::Rope) or [`KvUpdate`](crate::KvUpdate)). On the H200 such calls made
+    /// [`Rope`](crate::Rope) or [`KvUpdate`](crate::seed::KvUpdate)). On the H200 such calls made
     /// the other thread's call fail, ended the capture with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`,
     /// or crashed the process inside the driver's `cuModuleUnload`. Where other threads work
     /// in the context, use [`Graph::record`].
@@ -249,9 +257,24 @@ impl Graph {
     }
 
     /// Queues one replay on `stream`.
-    pub fn launch(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: `exec` lives as long as `self`; the buffers it names are the caller's to
-        // keep alive (as for the calls it was captured from).
+    ///
+    /// Replaying without `unsafe` does not compile:
+    ///
+    /// ```compile_fail,E0133
+    /// # fn replay(graph: &rope_cuda::Graph, stream: &cust::stream::Stream) -> rope_cuda::Result<()> {
+    /// graph.launch(stream)
+    /// # }
+    /// ```
+    ///
+    /// # Safety
+    /// Every device buffer the recorded or captured calls named is still allocated, and stays
+    /// so until the replay completes on `stream`: the caller's inputs, outputs, positions, slot
+    /// mappings and caches, and the library objects whose tables and error records the calls
+    /// used (the [`Rope`](crate::Rope)s and reference updates, and through them their
+    /// [`Kernels`](crate::Kernels)). A graph replays addresses: a freed buffer would be read or
+    /// written all the same, and so would whatever now occupies its memory.
+    pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: `exec` lives as long as `self`; the caller keeps the buffers it names alive.
         driver("cuGraphLaunch", unsafe { cuda::cuGraphLaunch(self.exec, stream.as_inner()) })
     }
 }

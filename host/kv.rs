@@ -1,19 +1,24 @@
-//! KV cache: the fused RoPE + append of one decode or prefill step ([`Rope::append_kv`]) and
-//! the project's reference operation ([`KvUpdate::update_kv_cache`]).
+//! KV cache: the fused RoPE + append of one decode or prefill step ([`Rope::append_kv`]).
 
 use std::marker::PhantomData;
 
-use cust::memory::{DeviceBuffer, DeviceSlice};
+use cust::memory::DeviceSlice;
 use cust::stream::Stream;
 use cust::sys as cuda;
-use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, HeadsView, KvParams};
+use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
+use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
+use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, TableView};
 
-use crate::config::{DType, RopeStyle};
-use crate::error::{driver, Error, Result};
-use crate::kernels::{launch, Geometry, Kernels};
-use crate::layout::{disjoint, Layout};
-use crate::rope::{check_positions, dtype_index, flat_geometry, take_errors, Rope, CLEAR_RECORDS};
-use crate::tensor::{Element, PositionKind, Positions, RawPositions, RawTensor, Tensor, TensorMut};
+use crate::config::{DType, RopeConfig, RopeStyle};
+use crate::error::{Error, Result};
+use crate::kernels::Geometry;
+use crate::launch::{
+    check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
+    positions, vector_fits, Core,
+};
+use crate::layout::Layout;
+use crate::rope::Rope;
+use crate::tensor::{Element, Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
 /// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls
@@ -78,7 +83,40 @@ pub struct RawKvCache {
     pub paged: bool,
 }
 
-/// Everything one KV append takes, as device addresses.
+/// Everything one KV append takes ([`Rope::append_kv`]).
+///
+/// ```no_run
+/// # use rope_cuda::{KvAppend, KvCache, Layout, Positions, Rope, Tensor, TensorMut};
+/// # use cust::memory::DeviceBuffer;
+/// # fn step(rope: &Rope, stream: &cust::stream::Stream, qkv: &mut DeviceBuffer<f32>, k: &DeviceBuffer<f32>,
+/// #         v: &DeviceBuffer<f32>, kc: &mut DeviceBuffer<f32>, vc: &mut DeviceBuffer<f32>,
+/// #         pos: &DeviceBuffer<i32>, slots: &DeviceBuffer<i64>) -> rope_cuda::Result<()> {
+/// let mut q = TensorMut::new(qkv, Layout::bshd(1, 4, 32, 128));
+/// let (k, v) = (Tensor::new(k, Layout::bshd(1, 4, 8, 128)), Tensor::new(v, Layout::bshd(1, 4, 8, 128)));
+/// let mut cache = KvCache::paged(kc, vc, Layout::bshd(64, 16, 8, 128));
+/// rope.append_kv(
+///     KvAppend { q: Some(&mut q), k: &k, v: &v, cache: &mut cache, positions: Positions::IdsI32(pos), slots: Some(slots) },
+///     stream,
+/// )
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct KvAppend<'r, 'a, T> {
+    /// Queries `[batch, seq, q_heads, head_dim]` to rotate in place in the same launch.
+    pub q: Option<&'r mut TensorMut<'a, T>>,
+    /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
+    pub k: &'r Tensor<'a, T>,
+    /// New values, same shape as `k`, copied into the value cache.
+    pub v: &'r Tensor<'a, T>,
+    /// The caches.
+    pub cache: &'r mut KvCache<'a, T>,
+    /// The tokens' positions (the rotation; and, for contiguous caches, the row).
+    pub positions: Positions<'a>,
+    /// Paged caches: the i64 slot mapping, one per token (`-1`: padding, not written).
+    pub slots: Option<&'a DeviceSlice<i64>>,
+}
+
+/// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawKvArgs {
     /// Element type of every tensor; must be the configuration's.
@@ -110,96 +148,75 @@ pub(crate) struct KvSpec {
     pub head_dim: usize,
     pub rotary_dim: usize,
     pub max_position: usize,
+    pub tables: TableSource,
 }
 
-/// Kernel widths, the index into `Functions::kv`'s last axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Width {
-    /// Element by element; duplicates scanned or claimed.
-    Scalar = 0,
-    /// 16 bytes, several heads per thread; claimed.
-    Vector = 1,
-    /// 16 bytes, one head per thread; scanned (few tokens).
-    Decode = 2,
-    /// 16 bytes, one head per thread; claimed.
-    Prefill = 3,
+impl KvSpec {
+    /// A [`Rope`]'s: its configuration, the library's tables.
+    pub fn of(config: &RopeConfig) -> Self {
+        KvSpec {
+            dtype: config.dtype,
+            style: config.style,
+            head_dim: config.head_dim,
+            rotary_dim: config.rotary_dim,
+            max_position: config.max_position,
+            tables: TableSource::Library,
+        }
+    }
 }
 
-/// A validated KV launch, without the addresses of the tables, records and owner array.
+/// A validated KV launch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct KvPlan {
+    pub key: KvKey,
     pub params: KvParams,
-    pub width: Width,
     pub geometry: Geometry,
     /// Whether duplicates are settled by `kv_claim` (else by scanning).
     pub claim: bool,
 }
 
-/// The owner array of the claim path, and the tag of the next call's claims.
-#[derive(Debug, Default)]
-pub(crate) struct Owners {
-    buf: Option<DeviceBuffer<u64>>,
-    epoch: u32,
-}
+impl KvPlan {
+    /// The buffers the launch touches, for the device check.
+    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 7] {
+        [
+            ("q", args.q.map_or(0, |t| t.ptr)),
+            ("k", args.k.ptr),
+            ("v", args.v.ptr),
+            ("k cache", args.cache.k.ptr),
+            ("v cache", args.cache.v.ptr),
+            ("positions", self.params.positions.address()),
+            ("slots", self.params.cache.mapping()),
+        ]
+    }
 
-impl Owners {
-    /// Queues `kv_claim` for `p`'s tokens and points `p` at the owner array, which grows to
-    /// `p.num_slots` when short. Hold the lock until the launch that reads the claims is
-    /// queued: calls from other threads must not reuse the epoch or the array in between.
+    /// Queues the launch (after the claims, on the claimed path) through `core`; `checked`:
+    /// the positions' limit to report with, in checked mode.
     ///
     /// # Safety
-    /// `plan_kv` made `p`: its positions and slots are valid for `p.tokens` tokens.
-    unsafe fn claim(&mut self, kernels: &Kernels, p: &mut KvParams, stream: cuda::CUstream) -> Result<()> {
-        // A graph would replay this call's epoch: the claims of one replay would then compete
-        // with the last replay's for the same slots.
-        let mut capturing = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        driver("cuStreamIsCapturing", cuda::cuStreamIsCapturing(stream, &mut capturing))?;
-        if crate::graph::recording() || capturing != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(Error::NotCapturable("a KV append or update of more than KV_SCAN_MAX_TOKENS tokens"));
+    /// The buffers of the planned arguments are live allocations of the kernels' context, not
+    /// freed or written by others until the work completes, and `stream` is a stream of it;
+    /// [`Core::prepare`] passed.
+    pub unsafe fn launch(&self, core: &Core, stream: cuda::CUstream, checked: Option<usize>) -> Result<()> {
+        let mut p = self.params;
+        core.records.note_num_slots(p.cache.num_slots());
+        // Held from the claims to the launch that reads them.
+        let mut owners = self.claim.then(|| core.records.owners());
+        if let Some(owners) = owners.as_mut() {
+            // SAFETY: `plan_kv` checked the positions' and slots' lengths.
+            unsafe { owners.claim(&core.kernels, &mut p, stream) }?;
         }
-        let needed = (p.num_slots as usize).max(1);
-        if self.buf.as_ref().is_none_or(|b| b.len() < needed) || self.epoch == u32::MAX {
-            // Zeroed: epoch 0 is never used, so no stale entry matches.
-            self.buf = Some(DeviceBuffer::zeroed(needed)?);
-            self.epoch = 0;
-        }
-        self.epoch += 1;
-        p.epoch = self.epoch;
-        p.owner = self.buf.as_ref().map_or(0, |b| b.as_device_ptr().as_raw());
-        let g = Geometry { grid: (p.tokens.div_ceil(128), 1), block: (128, 1) };
-        // SAFETY: one thread per token; the owner array holds `num_slots` entries.
-        launch(kernels.functions.kv_claim, g, 0, p, stream)
+        let shared = if self.claim { 0 } else { p.shared_bytes(self.geometry.block.0) };
+        // SAFETY: `plan_kv` checked every view and both caches against their buffers,
+        // overlaps, alignment for the width, and the positions' and slots' lengths; the
+        // tables, records and owner array belong to the caller; scanning kernels get their
+        // shared memory and at most `KV_SCAN_MAX_TOKENS` tokens.
+        unsafe { core.launch(self.key, self.geometry, shared, &p, stream, checked) }
     }
 }
 
-/// Launches KV kernel `f`: with the dynamic shared memory of the block-wide scan when `p`
-/// has no owner array.
-///
-/// # Safety
-/// As [`launch`]; without an owner array, `f` is a scanning kernel and `p.tokens` is at most
-/// [`KV_SCAN_MAX_TOKENS`].
-unsafe fn launch_kv(f: cuda::CUfunction, geometry: Geometry, p: &KvParams, stream: cuda::CUstream) -> Result<()> {
-    let shared = if p.owner == 0 { p.shared_bytes(geometry.block.0) } else { 0 };
-    launch(f, geometry, shared, p, stream)
-}
-
-fn check_tensor(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {
-    let extent = t.layout.extent().unwrap_or(usize::MAX);
-    if extent > t.len {
-        return Err(Error::OutOfBounds { what, extent, len: t.len });
-    }
-    if t.ptr % size as u64 != 0 {
-        return Err(Error::Alignment { what, address: t.ptr, align: size });
-    }
-    Ok(())
-}
-
-fn shape_err(what: &'static str, axis: &'static str, expected: usize, got: usize) -> Error {
-    Error::Shape { what, axis, expected, got }
-}
-
-/// Checks `args` against `spec` and works out the launch; `None` when there is no work.
-pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>> {
+/// Checks `args` against `spec` and works out the launch with `table` and `errors`; `None`
+/// when there is no work.
+pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors: ErrorSink) -> Result<Option<KvPlan>> {
     if args.dtype != spec.dtype {
         return Err(Error::DType { expected: spec.dtype, got: args.dtype });
     }
@@ -207,27 +224,19 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
     let (hd, rot) = (spec.head_dim, spec.rotary_dim);
     let ks = args.k.layout.shape;
     let (batch, seq, kv_heads) = (ks[0], ks[1], ks[2]);
-    if ks[3] != hd {
-        return Err(shape_err("k", "head_dim", hd, ks[3]));
-    }
+    check_axis("k", "head_dim", hd, ks[3])?;
     for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
-        if args.v.layout.shape[i] != ks[i] {
-            return Err(shape_err("v", axis, ks[i], args.v.layout.shape[i]));
-        }
+        check_axis("v", axis, ks[i], args.v.layout.shape[i])?;
     }
     if let Some(q) = &args.q {
         for (axis, i, want) in [("batch", 0, batch), ("seq", 1, seq), ("head_dim", 3, hd)] {
-            if q.layout.shape[i] != want {
-                return Err(shape_err("q", axis, want, q.layout.shape[i]));
-            }
+            check_axis("q", axis, want, q.layout.shape[i])?;
         }
-        check_tensor("q", q, size)?;
-        if !q.layout.is_non_overlapping() {
-            return Err(Error::Overlap { what: "q", shape: q.layout.shape, strides: q.layout.strides });
-        }
+        check_view("q", q, size)?;
+        check_written("q", &q.layout)?;
     }
-    check_tensor("k", &args.k, size)?;
-    check_tensor("v", &args.v, size)?;
+    check_view("k", &args.k, size)?;
+    check_view("v", &args.v, size)?;
 
     let cache = &args.cache;
     let cl = cache.k.layout;
@@ -240,17 +249,11 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         });
     }
     let (blocks, block_size) = (cl.shape[0], cl.shape[1]);
-    if cl.shape[2] != kv_heads {
-        return Err(shape_err("cache", "heads", kv_heads, cl.shape[2]));
-    }
-    if cl.shape[3] != hd {
-        return Err(shape_err("cache", "head_dim", hd, cl.shape[3]));
-    }
-    check_tensor("k cache", &cache.k, size)?;
-    check_tensor("v cache", &cache.v, size)?;
-    if !cl.is_non_overlapping() {
-        return Err(Error::Overlap { what: "cache", shape: cl.shape, strides: cl.strides });
-    }
+    check_axis("cache", "heads", kv_heads, cl.shape[2])?;
+    check_axis("cache", "head_dim", hd, cl.shape[3])?;
+    check_view("k cache", &cache.k, size)?;
+    check_view("v cache", &cache.v, size)?;
+    check_written("cache", &cl)?;
     // What is written (q in place, both caches) shares nothing with anything else.
     let entries = [
         ("q", args.q, true),
@@ -262,16 +265,15 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
             let (Some(w), Some(o)) = (w, o) else { continue };
-            let pair = written && i != j && (!o_written || i < j);
-            if pair && !disjoint((w.ptr, &w.layout), (o.ptr, &o.layout), size) {
-                return Err(Error::Aliasing { a: wn, b: on });
+            if written && i != j && (!o_written || i < j) {
+                check_disjoint((wn, &w), (on, &o), size)?;
             }
         }
     }
 
     let tokens = batch.saturating_mul(seq);
     let num_slots = blocks.saturating_mul(block_size);
-    let max_position = if cache.paged {
+    let limit = if cache.paged {
         match args.slots {
             None => return Err(Error::SlotMapping("a paged cache needs a slot mapping (one i64 per token)")),
             Some((_, len)) if len != tokens => {
@@ -286,56 +288,37 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         if args.slots.is_some() {
             return Err(Error::SlotMapping("a contiguous cache takes its rows from the positions, not slots"));
         }
-        if blocks != batch {
-            return Err(shape_err("cache", "batch", batch, blocks));
-        }
+        check_axis("cache", "batch", batch, blocks)?;
         spec.max_position.min(block_size)
     };
-    let mode = check_positions(&args.positions, batch, seq, max_position)?;
+    let positions = positions(&args.positions, batch, seq, limit)?;
     let q_heads = args.q.map_or(0, |q| q.layout.shape[2]);
-    for (what, value, limit) in [
-        ("batch * seq", tokens as u64, u32::MAX as u64),
-        ("q heads", q_heads as u64, u32::MAX as u64),
-        ("kv heads", kv_heads as u64, u32::MAX as u64),
-        ("cache slots (blocks * block_size)", num_slots as u64, u32::MAX as u64),
-    ] {
-        if value > limit {
-            return Err(Error::TooLarge { what, value, limit });
-        }
-    }
+    check_u32(&[
+        ("batch * seq", tokens),
+        ("q heads", q_heads),
+        ("kv heads", kv_heads),
+        ("cache slots (blocks * block_size)", num_slots),
+    ])?;
     if tokens == 0 || kv_heads == 0 {
         return Ok(None);
     }
 
-    // Width: 16-byte accesses when every address and stride allows them.
-    let e = 16 / size;
-    let half = rot / 2;
-    let pairs_ok = match spec.style {
-        RopeStyle::NeoX => half % e == 0,
-        RopeStyle::GptJ => rot % e == 0,
-    };
-    let aligned = |t: &RawTensor| {
-        (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0)
-    };
-    let views_ok = [args.q, Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)].iter().flatten().all(aligned);
-    let vector = pairs_ok && hd % e == 0 && views_ok;
+    let views = [args.q, Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
+    let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten());
     let claim = tokens > KV_SCAN_MAX_TOKENS;
     let width = match vector {
-        false => Width::Scalar,
-        true if !claim => Width::Decode,
-        true if tokens <= KV_PREFILL_MAX_TOKENS => Width::Prefill,
-        true => Width::Vector,
+        false => KvWidth::Scalar,
+        true if !claim => KvWidth::Decode,
+        // The caller's tables come in `_v_t` kernels only, one head per thread like `_p`.
+        true if tokens <= KV_PREFILL_MAX_TOKENS && spec.tables == TableSource::Library => KvWidth::Prefill,
+        true => KvWidth::Vector,
     };
     // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
     // bound by each thread's chain of latencies, not by bandwidth).
-    let e = if width == Width::Decode { e / 2 } else { e };
-    let (rot_lanes, cw) = match (vector, spec.style) {
-        (true, RopeStyle::NeoX) => (half / e, e),
-        (true, RopeStyle::GptJ) => (rot / e, e),
-        (false, _) => (half, 1),
-    };
+    let e = if width == KvWidth::Decode { 8 / size } else { 16 / size };
+    let (rot_lanes, cw) = lanes(vector, spec.style, rot, e);
     let g = match width {
-        Width::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
+        KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
         _ => 1,
     };
     let (k_lanes, v_lanes) = (rot_lanes + (hd - rot) / cw, hd / cw);
@@ -343,44 +326,47 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>>
         + groups(kv_heads as u32, g) as u64 * (k_lanes + v_lanes) as u64;
     let Some((geometry, chunk)) = flat_geometry(tokens as u32, work)? else { return Ok(None) };
 
-    let view = |t: &RawTensor| HeadsView {
-        input: t.ptr + (t.layout.offset * size) as u64,
-        output: 0,
-        in_strides: t.layout.strides.map(|s| s as u64),
-        out_strides: [0; 3],
-        heads: t.layout.shape[2] as u32,
-        _pad: 0,
+    let address = |t: &RawTensor| t.ptr + (t.layout.offset * size) as u64;
+    let strides = cl.strides.map(|s| s as u64);
+    let (kc, vc, nb, bs) = (address(&cache.k), address(&cache.v), blocks as u32, block_size as u32);
+    let cache_view = match args.slots {
+        Some((mapping, _)) => CacheView::paged(kc, vc, strides, mapping, nb, bs),
+        None => CacheView::contiguous(kc, vc, strides, nb, bs),
     };
     let params = KvParams {
-        q: args.q.as_ref().map(view).unwrap_or_default(),
-        k: view(&args.k),
-        v: view(&args.v),
-        k_cache: cache.k.ptr + (cl.offset * size) as u64,
-        v_cache: cache.v.ptr + (cl.offset * size) as u64,
-        cache_strides: cl.strides.map(|s| s as u64),
-        slots: args.slots.map_or(0, |(ptr, _)| ptr),
-        positions: args.positions.ptr,
-        num_slots: num_slots as u64,
+        q: args.q.as_ref().map(|q| heads_view(q, None, size)).unwrap_or_default(),
+        k: heads_view(&args.k, None, size),
+        v: heads_view(&args.v, None, size),
+        cache: cache_view,
+        owners: OwnerView::SCAN,
+        table,
+        positions,
+        errors,
         tokens: tokens as u32,
         seq: seq as u32,
-        half: half as u32,
         rot_lanes: rot_lanes as u32,
         k_lanes: k_lanes as u32,
         v_lanes: v_lanes as u32,
-        block_size: block_size as u32,
-        max_position: max_position as u32,
-        position_mode: mode,
         chunk,
         items_div: FastDiv::new(work as u32),
         seq_div: FastDiv::new(seq as u32),
         lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
-        block_div: FastDiv::new(block_size as u32),
-        ..Default::default()
     };
-    Ok(Some(KvPlan { params, width, geometry, claim }))
+    let key = KvKey { style: spec.style, dtype: spec.dtype, width, tables: spec.tables };
+    Ok(Some(KvPlan { key, params, geometry, claim }))
 }
 
-impl Rope<'_> {
+/// Checks `args` against `config` exactly as [`Rope::append_kv_raw`] does before it
+/// launches, without a GPU: `Ok` means that call would launch (or, with no work, return at
+/// once), `Err` is the typed error it would return. Reads no device memory (positions and
+/// slots are checked by the kernels, which skip and record those out of range).
+pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
+    config.validate()?;
+    let table = detached_table(config.rotary_dim);
+    plan_kv(&KvSpec::of(config), args, table, ErrorSink::default()).map(|_| ())
+}
+
+impl Rope {
     /// One decode or prefill step in one launch: rotates `k` into the key cache and copies
     /// `v` into the value cache at each token's slot, and, with `q`, rotates `q` in place.
     ///
@@ -390,29 +376,19 @@ impl Rope<'_> {
     /// entirely and a slot outside the cache skips its writes; both are recorded and reported
     /// by [`Rope::check_errors`]. When several tokens name one slot, the last one's key and
     /// value are written. Values are copied bit for bit; nothing else in the caches changes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn append_kv<T: Element>(
-        &self,
-        q: Option<&mut TensorMut<'_, T>>,
-        k: &Tensor<'_, T>,
-        v: &Tensor<'_, T>,
-        cache: &mut KvCache<'_, T>,
-        positions: Positions<'_>,
-        slots: Option<&DeviceSlice<i64>>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let args = RawKvArgs {
+    pub fn append_kv<T: Element>(&self, args: KvAppend<'_, '_, T>, stream: &Stream) -> Result<()> {
+        let raw = RawKvArgs {
             dtype: T::DTYPE,
-            q: q.map(|q| q.raw),
-            k: k.raw,
-            v: v.raw,
-            cache: cache.raw,
-            positions: positions.raw(),
-            slots: slots.map(|s| (s.as_device_ptr().as_raw(), s.len())),
+            q: args.q.map(|q| q.raw),
+            k: args.k.raw,
+            v: args.v.raw,
+            cache: args.cache.raw,
+            positions: args.positions.raw(),
+            slots: args.slots.map(|s| (s.as_device_ptr().as_raw(), s.len())),
         };
         // SAFETY: the views borrow live cust buffers of `T` for the call; `plan_kv` checks
         // the rest.
-        unsafe { self.append_kv_raw(&args, stream.as_inner()) }
+        unsafe { self.append_kv_raw(&raw, stream.as_inner()) }
     }
 
     /// [`Rope::append_kv`] on device addresses and a raw stream.
@@ -425,250 +401,25 @@ impl Rope<'_> {
     /// least `len` elements of its type, not freed or written by others until the work
     /// queued on `stream` completes.
     pub unsafe fn append_kv_raw(&self, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
-        let spec = KvSpec {
-            dtype: self.config.dtype,
-            style: self.config.style,
-            head_dim: self.config.head_dim,
-            rotary_dim: self.config.rotary_dim,
-            max_position: self.config.max_position,
-        };
-        let Some(plan) = plan_kv(&spec, args)? else { return Ok(()) };
-        self.kernels.check_devices(&[
-            ("q", args.q.map_or(0, |t| t.ptr)),
-            ("k", args.k.ptr),
-            ("v", args.v.ptr),
-            ("k cache", args.cache.k.ptr),
-            ("v cache", args.cache.v.ptr),
-            ("positions", args.positions.read_address()),
-            ("slots", args.slots.map_or(0, |s| s.0)),
-        ])?;
-        self.not_checked_in_a_graph()?;
-        let mut p = plan.params;
-        [p.cos, p.sin, p.cos_lo, p.sin_lo] = self.table.addresses();
-        p.error = self.errors.as_device_ptr().as_raw();
-        self.last_num_slots.store(p.num_slots, std::sync::atomic::Ordering::Relaxed);
-        // Held from the claims to the launch that reads them.
-        let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
-        if let Some(owners) = owners.as_mut() {
-            owners.claim(self.kernels, &mut p, stream)?;
-        }
-        let f = self.kernels.functions.kv[(self.config.style == RopeStyle::GptJ) as usize]
-            [dtype_index(self.config.dtype)][plan.width as usize];
-        // SAFETY: `plan_kv` checked every view and both caches against their buffers,
-        // overlaps, alignment for the width, and the positions' and slots' lengths; the
-        // tables, records and owner array belong to this Rope; only scanning widths go
-        // without claims, and only up to `KV_SCAN_MAX_TOKENS`.
-        launch_kv(f, plan.geometry, &p, stream)?;
-        drop(owners);
-        if self.config.checked {
-            driver("cuStreamSynchronize", cuda::cuStreamSynchronize(stream))?;
-            self.take_errors()?;
-        }
-        Ok(())
-    }
-}
-
-/// The shape of the reference KV-cache update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvShape {
-    /// Sequences, `B`.
-    pub batch: usize,
-    /// New tokens per sequence, `T`.
-    pub new_tokens: usize,
-    /// Heads, `H`.
-    pub heads: usize,
-    /// Head dimension, `D` (even).
-    pub head_dim: usize,
-    /// Cache length, `S` (also the rows of the cos/sin tables).
-    pub cache_len: usize,
-}
-
-/// The project's second reference operation, exactly: `update_kv_cache(k_new, v_new, cos,
-/// sin, cache_k, cache_v, positions)`.
-///
-/// ```no_run
-/// # use rope_cuda::{Kernels, KvShape, KvUpdate};
-/// # use cust::memory::DeviceBuffer;
-/// # use cust::stream::{Stream, StreamFlags};
-/// let _ctx = cust::quick_init()?;
-/// let kernels = Kernels::load()?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
-/// let shape = KvShape { batch: 2, new_tokens: 16, heads: 4, head_dim: 32, cache_len: 128 };
-/// let new = DeviceBuffer::from_slice(&vec![0.5f32; 2 * 16 * 4 * 32])?;
-/// let table = DeviceBuffer::from_slice(&vec![1.0f32; 128 * 16])?;
-/// let cache = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 128 * 4 * 32])?;
-/// let positions = DeviceBuffer::from_slice(&(0..32).map(|t| t % 16 + 7).collect::<Vec<i32>>())?;
-/// let mut out = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 2 * 128 * 4 * 32])?;
-/// let update = KvUpdate::new(&kernels)?;
-/// update.update_kv_cache(shape, &new, &new, &table, &table, &cache, &cache, &positions, &mut out, &stream)?;
-/// update.check_errors(&stream)?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct KvUpdate<'k> {
-    kernels: &'k Kernels,
-    errors: DeviceBuffer<u64>,
-    /// `S` of the last call, for error reports.
-    cache_len: std::sync::atomic::AtomicUsize,
-    /// Claims of calls with more than [`KV_SCAN_MAX_TOKENS`] tokens.
-    owners: std::sync::Mutex<Owners>,
-}
-
-impl<'k> KvUpdate<'k> {
-    /// Allocates the error record, in the current context.
-    pub fn new(kernels: &'k Kernels) -> Result<Self> {
-        let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
-        Ok(KvUpdate { kernels, errors, cache_len: Default::default(), owners: Default::default() })
-    }
-
-    /// `k_new`, `v_new`: `[B, T, H, D]`; `cos`, `sin`: `[S, D / 2]` (the caller's, in the
-    /// element type; the math is f32); `cache_k`, `cache_v`: `[B, S, H, D]`, not modified;
-    /// `positions`: i32 `[B, T]`; `out`: `[2, B, S, H, D]`, both caches stacked, with each
-    /// token's key rotated in interleaved (GPT-J) pairs by the table row at its position and
-    /// written with its value at that position. A later token wins a repeated position, as
-    /// in the sequential reference. A position outside `0..S` is skipped and recorded
-    /// ([`KvUpdate::check_errors`]).
-    ///
-    /// Every buffer's length must be exactly its shape's; an `Err` means nothing was queued.
-    #[allow(clippy::too_many_arguments)]
-    pub fn update_kv_cache<T: Element>(
-        &self,
-        shape: KvShape,
-        k_new: &DeviceSlice<T>,
-        v_new: &DeviceSlice<T>,
-        cos: &DeviceSlice<T>,
-        sin: &DeviceSlice<T>,
-        cache_k: &DeviceSlice<T>,
-        cache_v: &DeviceSlice<T>,
-        positions: &DeviceSlice<i32>,
-        out: &mut DeviceSlice<T>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s } = shape;
-        if d < 2 || d % 2 != 0 {
-            return Err(Error::HeadDim { head_dim: d });
-        }
-        let size = T::DTYPE.size();
-        let n = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).unwrap_or(usize::MAX);
-        let addr = |x: &DeviceSlice<T>| x.as_device_ptr().as_raw();
-        let lengths: [(&'static str, &[usize], usize); 8] = [
-            ("k_new", &[b, t, h, d], k_new.len()),
-            ("v_new", &[b, t, h, d], v_new.len()),
-            ("cos", &[s, d / 2], cos.len()),
-            ("sin", &[s, d / 2], sin.len()),
-            ("cache_k", &[b, s, h, d], cache_k.len()),
-            ("cache_v", &[b, s, h, d], cache_v.len()),
-            ("positions", &[b, t], positions.len()),
-            ("out", &[2, b, s, h, d], out.len()),
-        ];
-        for (what, dims, got) in lengths {
-            if n(dims) != got {
-                return Err(Error::Length { what, shape: dims.to_vec(), expected: n(dims), got });
-            }
-        }
-        let out_range = (addr(out), out.len() * size);
-        let inputs = [
-            ("k_new", addr(k_new), k_new.len()),
-            ("v_new", addr(v_new), v_new.len()),
-            ("cos", addr(cos), cos.len()),
-            ("sin", addr(sin), sin.len()),
-            ("cache_k", addr(cache_k), cache_k.len()),
-            ("cache_v", addr(cache_v), cache_v.len()),
-        ];
-        let pos_range = (positions.as_device_ptr().as_raw(), positions.len() * 4);
-        for (what, ptr, len) in
-            inputs.iter().map(|&(w, p, l)| (w, p, l * size)).chain([("positions", pos_range.0, pos_range.1)])
-        {
-            let (a0, a1, b0, b1) = (out_range.0, out_range.0 + out_range.1 as u64, ptr, ptr + len as u64);
-            if len > 0 && out_range.1 > 0 && a0 < b1 && b0 < a1 {
-                return Err(Error::Aliasing { a: "out", b: what });
-            }
-        }
-        let cache_elems = b * s * h * d;
-        let half_out = addr(out) + (cache_elems * size) as u64;
-        let new_layout = Layout::bshd(b, t, h, d);
-        let cache_layout = Layout::bshd(b, s, h, d);
-        let args = RawKvArgs {
-            dtype: T::DTYPE,
-            q: None,
-            k: RawTensor { ptr: addr(k_new), len: k_new.len(), layout: new_layout },
-            v: RawTensor { ptr: addr(v_new), len: v_new.len(), layout: new_layout },
-            cache: RawKvCache {
-                k: RawTensor { ptr: addr(out), len: cache_elems, layout: cache_layout },
-                v: RawTensor { ptr: half_out, len: cache_elems, layout: cache_layout },
-                paged: false,
-            },
-            positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos_range.0, len: positions.len() },
-            slots: None,
-        };
-        let spec = KvSpec { dtype: T::DTYPE, style: RopeStyle::GptJ, head_dim: d, rotary_dim: d, max_position: s };
-        let plan = plan_kv(&spec, &args)?;
-        self.kernels.check_devices(&[
-            ("k_new", addr(k_new)),
-            ("v_new", addr(v_new)),
-            ("cos", addr(cos)),
-            ("sin", addr(sin)),
-            ("cache_k", addr(cache_k)),
-            ("cache_v", addr(cache_v)),
-            ("positions", pos_range.0),
-            ("out", addr(out)),
-        ])?;
-        let raw_stream = stream.as_inner();
-        let bytes = cache_elems * size;
-        // SAFETY: the lengths were checked above: both caches hold `cache_elems` elements and
-        // `out` twice that, and `out` overlaps no input.
-        unsafe {
-            for (dst, src) in [(addr(out), addr(cache_k)), (half_out, addr(cache_v))] {
-                match crate::graph::record_copy(dst, src, bytes) {
-                    Some(recorded) => recorded?,
-                    None => driver("cuMemcpyDtoDAsync", cuda::cuMemcpyDtoDAsync_v2(dst, src, bytes, raw_stream))?,
-                }
-            }
-        }
-        let Some(plan) = plan else { return Ok(()) };
-        self.cache_len.store(s, std::sync::atomic::Ordering::Relaxed);
-        let mut p = plan.params;
-        p.cos = addr(cos);
-        p.sin = addr(sin);
-        p.error = self.errors.as_device_ptr().as_raw();
-        let f = &self.kernels.functions;
-        // The width `plan_kv` chose (GPT-J kernels take one head per thread at every width);
-        // 16-bit elements read the caller's tables through the `_t` kernels.
-        let function = match T::DTYPE {
-            DType::F32 => f.kv[1][0][plan.width as usize],
-            dt => {
-                let width = match plan.width {
-                    Width::Scalar => 0,
-                    Width::Vector | Width::Prefill => 1,
-                    Width::Decode => 2,
-                };
-                f.kv_elem_table[dtype_index(dt) - 1][width]
-            }
-        };
-        let mut owners = plan.claim.then(|| self.owners.lock().unwrap_or_else(|e| e.into_inner()));
-        // SAFETY: `plan_kv` checked the views against the lengths above; the table lengths
-        // were checked against `S * D / 2`, which covers every position below `S`; without
-        // claims, the call has at most `KV_SCAN_MAX_TOKENS` tokens.
-        unsafe {
-            if let Some(owners) = owners.as_mut() {
-                owners.claim(self.kernels, &mut p, raw_stream)?;
-            }
-            launch_kv(function, plan.geometry, &p, raw_stream)
-        }
-    }
-
-    /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
-    /// since the last check.
-    pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        crate::graph::not_while_recording("check_errors")?;
-        stream.synchronize()?;
-        take_errors(&self.errors, self.cache_len.load(std::sync::atomic::Ordering::Relaxed), None)
+        let spec = KvSpec::of(&self.config);
+        let Some(plan) = plan_kv(&spec, args, self.table.view(), self.core.records.sink())? else { return Ok(()) };
+        self.core.prepare(&plan.buffers(args), self.config.checked)?;
+        let checked = self.config.checked.then_some(self.config.max_position);
+        // SAFETY: the caller's contract; `prepare` passed.
+        unsafe { plan.launch(&self.core, stream, checked) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::PositionKind;
+    use rope_cuda_kernels::views::CacheKind;
+
+    /// [`super::plan_kv`] without tables or records, as [`validate_append`] plans.
+    fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>> {
+        super::plan_kv(spec, args, detached_table(spec.rotary_dim), ErrorSink::default())
+    }
 
     const BASE: u64 = 1 << 28;
 
@@ -677,7 +428,7 @@ mod tests {
     }
 
     fn spec() -> KvSpec {
-        KvSpec { dtype: DType::BF16, style: RopeStyle::NeoX, head_dim: 128, rotary_dim: 128, max_position: 4096 }
+        KvSpec::of(&RopeConfig::new(128, 4096).dtype(DType::BF16))
     }
 
     /// 2 sequences x 3 tokens, 8 q heads, 2 kv heads, a paged cache of 10 blocks of 16.
@@ -704,11 +455,12 @@ mod tests {
     #[test]
     fn plans_lanes_items_and_widths() {
         let p = plan_kv(&spec(), &args()).unwrap().unwrap();
-        assert_eq!(p.width, Width::Decode);
+        assert_eq!(p.key.width, KvWidth::Decode);
         // 8-byte lanes (4 bf16) for the decode width.
         assert_eq!((p.params.rot_lanes, p.params.k_lanes, p.params.v_lanes), (16, 16, 32));
-        assert_eq!((p.params.block_size, p.params.num_slots, p.params.max_position), (16, 160, 4096));
-        assert_eq!(p.params.cache_strides, [16 * 2 * 128, 2 * 128, 128]);
+        let c = p.params.cache;
+        assert_eq!((c.block_size(), c.num_slots(), p.params.positions.limit()), (16, 160, 4096));
+        assert_eq!((c.kind(), c.mapping(), c.row(17, 1)), (CacheKind::Paged, 7 * BASE, 16 * 2 * 128 + 2 * 128 + 128));
         assert!(!p.claim);
         // Contiguous [B, H, S, D]: rows come from positions, capped by the cache length.
         let mut a = args();
@@ -717,14 +469,18 @@ mod tests {
         a.cache.paged = false;
         a.slots = None;
         let p = plan_kv(&spec(), &a).unwrap().unwrap();
-        assert_eq!((p.params.block_size, p.params.max_position, p.params.slots), (100, 100, 0));
-        assert_eq!(p.params.cache_strides, [2 * 100 * 128, 128, 100 * 128]);
+        let c = p.params.cache;
+        assert_eq!(
+            (c.block_size(), p.params.positions.limit(), c.mapping(), c.kind()),
+            (100, 100, 0, CacheKind::Contiguous)
+        );
+        assert_eq!(c.row(100 + 3, 1), 2 * 100 * 128 + 3 * 128 + 100 * 128);
         // Partial rotary, odd alignment: scalar lanes, copy lanes past rotary_dim.
         let s = KvSpec { rotary_dim: 64, ..spec() };
         let mut a = args();
         a.k.ptr += 2;
         let p = plan_kv(&s, &a).unwrap().unwrap();
-        assert_eq!(p.width, Width::Scalar);
+        assert_eq!(p.key.width, KvWidth::Scalar);
         assert_eq!((p.params.rot_lanes, p.params.k_lanes, p.params.v_lanes), (32, 32 + 64, 128));
     }
 
@@ -833,9 +589,66 @@ mod tests {
         assert!(!p.claim);
         let p = call(KV_SCAN_MAX_TOKENS + 1);
         assert!(p.claim);
-        assert_eq!(p.width, Width::Prefill);
+        assert_eq!(p.key.width, KvWidth::Prefill);
         let p = call(KV_PREFILL_MAX_TOKENS + 1);
         assert!(p.claim);
-        assert_eq!(p.width, Width::Vector);
+        assert_eq!(p.key.width, KvWidth::Vector);
+    }
+
+    /// Every key the planners can make names an entry point of the kernel list: RoPE at every
+    /// style, dtype and width; KV with the library's tables at every width; the caller's
+    /// tables (the reference operation: GPT-J, 16-bit) at every width `plan_kv` picks for them.
+    #[test]
+    fn every_planned_key_has_an_entry_point() {
+        use rope_cuda_kernels::entries::Key;
+        use rope_cuda_kernels::keys::{RopeKey, RopeWidth};
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
+                    assert!(RopeKey { style, dtype, width }.entry_point().is_some(), "{style:?} {dtype:?} {width:?}");
+                }
+                for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
+                    let key = KvKey { style, dtype, width, tables: TableSource::Library };
+                    assert!(key.entry_point().is_some(), "{key:?}");
+                }
+            }
+        }
+        let spec = KvSpec { style: RopeStyle::GptJ, tables: TableSource::Caller, ..spec() };
+        for (n, want) in [(4, KvWidth::Decode), (300, KvWidth::Vector), (9000, KvWidth::Vector)] {
+            let mut a = args();
+            a.q = None;
+            a.k = tensor(2, Layout::bshd(1, n, 2, 128));
+            a.v = tensor(3, Layout::bshd(1, n, 2, 128));
+            a.positions.len = n;
+            a.slots = Some((7 * BASE, n));
+            let p = plan_kv(&spec, &a).unwrap().unwrap();
+            assert_eq!(p.key.width, want);
+            assert!(p.key.entry_point().is_some(), "{:?}", p.key);
+            a.k.ptr += 2; // element by element
+            let p = plan_kv(&spec, &a).unwrap().unwrap();
+            assert!(p.key.entry_point().is_some(), "{:?}", p.key);
+        }
+        for dtype in [DType::F16, DType::BF16] {
+            for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode] {
+                let key = KvKey { style: RopeStyle::GptJ, dtype, width, tables: TableSource::Caller };
+                assert!(key.entry_point().is_some(), "{key:?}");
+            }
+        }
+    }
+
+    /// The GPU-free check of the append is the launch's own: it accepts what the launch
+    /// plans and returns the same typed errors, the configuration's included.
+    #[test]
+    fn validate_append_runs_the_launch_checks() {
+        let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+        assert_eq!(validate_append(&config, &args()), Ok(()));
+        let mut bad = args();
+        bad.slots = Some((7 * BASE, 5));
+        assert_eq!(validate_append(&config, &bad), plan_kv(&spec(), &bad).map(|_| ()));
+        assert!(matches!(validate_append(&config, &bad), Err(Error::Length { what: "slots", .. })));
+        let mut bad = args();
+        bad.cache.v.ptr = bad.cache.k.ptr;
+        assert!(matches!(validate_append(&config, &bad), Err(Error::Aliasing { a: "k cache", b: "v cache" })));
+        assert!(matches!(validate_append(&config.clone().rotary_dim(3), &args()), Err(Error::RotaryDim { .. })));
     }
 }

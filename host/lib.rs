@@ -13,11 +13,18 @@
 //!   including q and k as views of one fused QKV buffer; different head counts for q and k,
 //!   or no k; partial rotary; per-token i32/i64 ids or per-sequence offsets ([`Positions`]);
 //!   in place or out of place; forward or inverse ([`Direction`]).
-//! - [`Rope::apply_raw`] takes device addresses and a raw `CUstream`, for buffers from
-//!   cudarc, candle or any allocator.
-//! - [`RotaryModel`] is the seed's reference module, `Model(dim, max_seq_len, base)`.
+//! - [`Rope::append_kv`] ([`KvAppend`]) is one decode or prefill step in one launch: k rotated
+//!   into a contiguous or paged cache ([`KvCache`]), v copied, q rotated in place.
+//! - [`Rope::apply_raw`] and [`Rope::append_kv_raw`] take device addresses and a raw
+//!   `CUstream`, for buffers from cudarc, candle or any allocator; [`validate`] and
+//!   [`validate_append`] run their checks without a GPU.
+//! - [`Graph`] records a step's launches once and replays them.
+//! - [`seed`] holds the two reference operations the project started from.
 //! - Every bad input is an [`Error`] before any launch. A position outside the table is
 //!   never read past: its token is left untouched and reported by [`Rope::check_errors`].
+//!
+//! [`Kernels`] is loaded once per context and shared as an [`Arc`](std::sync::Arc); [`Rope`]
+//! holds one, so it has no lifetime and is `Send + Sync`.
 //!
 //! Accuracy, against an f64 reference: f32 outputs within 2e-6 relative error; every f16
 //! and bf16 output within one ulp of the correctly rounded exact result.
@@ -43,7 +50,7 @@
 //! let q = Layout::strided([1, tokens, 4, 64], [tokens * row, row, 64], 0);
 //! let k = Layout::strided([1, tokens, 2, 64], [tokens * row, row, 64], 4 * 64);
 //! let (mut qv, mut kv) = TensorMut::pair(&mut qkv, q, k);
-//! rope.apply_in_place(&mut qv, Some(&mut kv), Positions::Ids(&ids), Direction::Forward, &stream)?;
+//! rope.apply_in_place(&mut qv, Some(&mut kv), Positions::IdsI32(&ids), Direction::Forward, &stream)?;
 //! rope.check_errors(&stream)?; // synchronises; Err would name the first bad position
 //!
 //! let mut out = vec![bf16::ZERO; x.len()];
@@ -60,37 +67,54 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+#[doc(hidden)]
 pub mod bench;
+pub mod reference;
+pub mod seed;
+
+mod alloc;
 mod config;
 mod error;
 mod graph;
 mod hf_config;
 mod kernels;
 mod kv;
+mod launch;
 mod layout;
-pub mod reference;
+mod records;
 mod rope;
 mod scaling;
-mod seed;
 mod table;
 mod tensor;
 
-pub use config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle};
+pub use config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle, MAX_POSITION_LIMIT};
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
 pub use hf_config::INTERLEAVED_MODEL_TYPES;
-pub use kernels::{Kernels, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
-pub use kv::{KvCache, KvShape, KvUpdate, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
+pub use kernels::{Kernels, PTX};
+pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
 pub use rope::{validate, Rope};
 pub use scaling::RopeScaling;
-pub use seed::RotaryModel;
-pub use table::{row as table_row, HostTable, RopeTable, MAX_POSITION_LIMIT};
+pub use table::{row as table_row, HostTable, RopeTable};
 pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).
 pub const ARCH: &str = env!("ROPE_CUDA_ARCH");
+
+/// A [`Rope`] and a reference update are `Send + Sync + 'static`: an engine holds them in
+/// long-lived structs and shares them between threads.
+const _: () = {
+    const fn held<T: Send + Sync + 'static>() {}
+    held::<Rope>();
+    held::<seed::KvUpdate>();
+    held::<seed::RotaryModel>();
+    held::<Kernels>();
+    held::<Graph>();
+};
 
 /// Counts heap allocations made by the current thread while counting is on, so unit tests
 /// can show the launch path allocates nothing.
@@ -112,10 +136,12 @@ pub(crate) mod alloc_count {
             if ON.with(Cell::get) {
                 COUNT.with(|c| c.set(c.get() + 1));
             }
-            System.alloc(layout)
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc(layout) }
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            System.dealloc(ptr, layout)
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.dealloc(ptr, layout) }
         }
     }
 

@@ -164,6 +164,7 @@ macro_rules! ref_elem_16 {
 ref_elem_16!(half::f16, "f16", 0x7DA5);
 ref_elem_16!(half::bf16, "bf16", 0x7FA5);
 
+#[doc(hidden)]
 /// The SplitMix64 finaliser.
 pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -172,6 +173,7 @@ pub fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+#[doc(hidden)]
 /// Element `index` of seeded test tensor `tensor`: uniform in [-1, 1) on a grid of 2^-23, so
 /// exactly representable in f32 (and so equal in the f64 golden data and the f32 kernels).
 pub fn uniform(seed: u64, tensor: u64, index: u64) -> f32 {
@@ -180,6 +182,7 @@ pub fn uniform(seed: u64, tensor: u64, index: u64) -> f32 {
     (bits as f64 * (1.0 / (1u64 << 23) as f64) - 1.0) as f32
 }
 
+#[doc(hidden)]
 /// `n` consecutive elements of seeded test tensor `tensor`.
 pub fn uniform_vec(seed: u64, tensor: u64, n: usize) -> Vec<f32> {
     (0..n as u64).map(|i| uniform(seed, tensor, i)).collect()

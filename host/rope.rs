@@ -1,36 +1,22 @@
-//! [`Rope`]: a configuration, its table on the device, and its launches.
+//! [`Rope`]: a configuration, its table on the device, and its RoPE launches.
 
-use cust::memory::{CopyDestination, DeviceBuffer};
+use std::sync::Arc;
+
 use cust::stream::Stream;
 use cust::sys as cuda;
-use rope_cuda_kernels::params::{groups, heads_per_thread, position_mode, ErrorRecord, HeadsView, RopeParams};
+use rope_cuda_kernels::keys::{RopeKey, RopeWidth};
+use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
+use rope_cuda_kernels::views::{ErrorSink, TableView};
 
-use crate::config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle};
-use crate::error::{driver, Error, Result};
-use crate::kernels::{launch, Geometry, Kernels};
-use crate::layout::disjoint;
-use crate::table::RopeTable;
-use crate::tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
-
-/// Threads per block: small blocks leave the fewest registers unused per SM. The build-time
-/// variable `ROPE_CUDA_BLOCK_THREADS` (a multiple of 32 up to 1024) overrides it, a tuning
-/// knob for benchmarks.
-const BLOCK_THREADS: u32 = match option_env!("ROPE_CUDA_BLOCK_THREADS") {
-    Some(v) => parse_threads(v),
-    None => 128,
+use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
+use crate::error::{Error, Result};
+use crate::kernels::{Geometry, Kernels};
+use crate::launch::{
+    check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
+    positions, vector_fits, Core,
 };
-
-const fn parse_threads(v: &str) -> u32 {
-    let (mut n, mut i) = (0u32, 0);
-    while i < v.len() {
-        let d = v.as_bytes()[i];
-        assert!(d.is_ascii_digit() && n < 1024, "ROPE_CUDA_BLOCK_THREADS must be a number");
-        n = n * 10 + (d - b'0') as u32;
-        i += 1;
-    }
-    assert!(n % 32 == 0 && n > 0 && n <= 1024, "ROPE_CUDA_BLOCK_THREADS must be a multiple of 32 up to 1024");
-    n
-}
+use crate::table::RopeTable;
+use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 
 /// RoPE for one configuration: the cos/sin table built once (angles in f64, stored f32), the
 /// device-side record of out-of-range positions, and the launches.
@@ -41,6 +27,9 @@ const fn parse_threads(v: &str) -> u32 {
 /// order ([`Positions`]). A token whose position is outside `0..max_position` is left
 /// untouched and recorded; [`Rope::check_errors`] reports it (every call does, in checked
 /// mode).
+///
+/// A `Rope` holds an [`Arc`] of its [`Kernels`] and no borrow: it is `Send + Sync + 'static`,
+/// for an engine to keep in its model struct and share between threads.
 ///
 /// ```no_run
 /// use cust::memory::DeviceBuffer;
@@ -59,30 +48,23 @@ const fn parse_threads(v: &str) -> u32 {
 /// let q = Layout::strided([1, tokens, 32, 128], [tokens * row, row, 128], 0);
 /// let k = Layout::strided([1, tokens, 8, 128], [tokens * row, row, 128], 32 * 128);
 /// let (mut q, mut k) = TensorMut::pair(&mut qkv, q, k);
-/// rope.apply_in_place(&mut q, Some(&mut k), Positions::Ids(&positions), Direction::Forward, &stream)?;
+/// rope.apply_in_place(&mut q, Some(&mut k), Positions::IdsI32(&positions), Direction::Forward, &stream)?;
 /// rope.check_errors(&stream)?; // synchronises; Err names the first out-of-range token
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct Rope<'k> {
-    pub(crate) kernels: &'k Kernels,
+pub struct Rope {
     pub(crate) config: RopeConfig,
     pub(crate) table: RopeTable,
-    /// Two [`ErrorRecord`]s as four u64: out-of-range positions, then (KV appends) slots.
-    pub(crate) errors: DeviceBuffer<u64>,
-    /// The KV append's owner array for large calls, allocated on first use.
-    pub(crate) owners: std::sync::Mutex<crate::kv::Owners>,
-    /// The number of cache slots of the last KV append, for slot error reports.
-    pub(crate) last_num_slots: std::sync::atomic::AtomicU64,
+    pub(crate) core: Core,
 }
 
-impl<'k> Rope<'k> {
+impl Rope {
     /// Validates `config`, builds its table and uploads it, in the current context.
-    pub fn new(kernels: &'k Kernels, config: RopeConfig) -> Result<Self> {
+    pub fn new(kernels: &Arc<Kernels>, config: RopeConfig) -> Result<Self> {
         config.validate()?;
         let table = RopeTable::from_config(&config)?;
-        let errors = DeviceBuffer::from_slice(&CLEAR_RECORDS)?;
-        Ok(Rope { kernels, config, table, errors, owners: Default::default(), last_num_slots: Default::default() })
+        Ok(Rope { config, table, core: Core::new(kernels)? })
     }
 
     /// The configuration.
@@ -93,6 +75,11 @@ impl<'k> Rope<'k> {
     /// The table.
     pub fn table(&self) -> &RopeTable {
         &self.table
+    }
+
+    /// The kernels this `Rope` launches.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.core.kernels
     }
 
     /// Rotates `q` (and `k`) in place.
@@ -155,103 +142,32 @@ impl<'k> Rope<'k> {
     /// freed or written by others until the work queued on `stream` completes; `stream` is a
     /// valid stream of that context (or null, the legacy default stream).
     pub unsafe fn apply_raw(&self, args: &RawArgs, stream: cuda::CUstream) -> Result<()> {
-        let Some(plan) = plan(&self.config, args)? else {
+        let Some(plan) = plan(&self.config, args, self.table.view(), self.core.records.sink())? else {
             return Ok(());
         };
-        self.kernels.check_devices(&[
+        let buffers = [
             ("q", args.q.ptr),
             ("q_out", args.q_out.map_or(0, |t| t.ptr)),
             ("k", args.k.map_or(0, |t| t.ptr)),
             ("k_out", args.k_out.map_or(0, |t| t.ptr)),
-            ("positions", args.positions.read_address()),
-        ])?;
-        self.not_checked_in_a_graph()?;
-        let mut params = plan.params;
-        [params.cos, params.sin, params.cos_lo, params.sin_lo] = self.table.addresses();
-        params.error = self.errors.as_device_ptr().as_raw();
-        let f = &self.kernels.functions.rope;
-        let function =
-            f[(self.config.style == RopeStyle::GptJ) as usize][dtype_index(self.config.dtype)][plan.width as usize];
+            ("positions", plan.params.positions.address()),
+        ];
+        self.core.prepare(&buffers, self.config.checked)?;
+        let checked = self.config.checked.then_some(self.config.max_position);
         // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
         // alignment for the chosen width, and the positions buffer's length; the table and
-        // the error record belong to this Rope.
-        launch(function, plan.geometry, 0, &params, stream)?;
-        if self.config.checked {
-            driver("cuStreamSynchronize", cuda::cuStreamSynchronize(stream))?;
-            self.take_errors()?;
-        }
-        Ok(())
+        // the error records belong to this Rope; the caller vouches for the addresses.
+        unsafe { self.core.launch(plan.key, plan.geometry, 0, &plan.params, stream, checked) }
     }
 
-    /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
-    /// since the last check: `Err(PositionOutOfRange)` naming the lowest offending token.
+    /// Synchronises `stream`, then reports (and clears) the out-of-range positions (and, from
+    /// KV appends, slots) recorded since the last check: `Err(PositionOutOfRange)` naming the
+    /// lowest offending token.
     ///
     /// The record is shared by every stream this `Rope` launches on: with several streams,
     /// synchronise the others first so that their launches are reported too.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        crate::graph::not_while_recording("check_errors")?;
-        stream.synchronize()?;
-        self.take_errors()
-    }
-
-    /// A checked configuration synchronises after each call: while recording a graph nothing
-    /// has run, so it would report nothing ([`Error::NotCapturable`]; a capture fails anyway).
-    pub(crate) fn not_checked_in_a_graph(&self) -> Result<()> {
-        match self.config.checked {
-            true => crate::graph::not_while_recording("a call of a checked configuration"),
-            false => Ok(()),
-        }
-    }
-
-    /// Reads and clears the error records (the work that wrote them has completed).
-    pub(crate) fn take_errors(&self) -> Result<()> {
-        let num_slots = self.last_num_slots.load(std::sync::atomic::Ordering::Relaxed);
-        take_errors(&self.errors, self.config.max_position, Some(num_slots))
-    }
-}
-
-/// Both error records, cleared.
-pub(crate) const CLEAR_RECORDS: [u64; 4] =
-    [ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count, ErrorRecord::CLEAR.key, ErrorRecord::CLEAR.count];
-
-/// Reads and clears the two error records in `errors` (positions, slots): the first that
-/// holds an error becomes `Err`. `num_slots` is reported with slot errors.
-pub(crate) fn take_errors(errors: &DeviceBuffer<u64>, max_position: usize, num_slots: Option<u64>) -> Result<()> {
-    let mut raw = [0u64; 4];
-    errors.copy_to(&mut raw[..])?;
-    if raw == CLEAR_RECORDS {
-        return Ok(());
-    }
-    // SAFETY: `errors` holds four u64; the copy is synchronous.
-    driver("cuMemcpyHtoD", unsafe {
-        cuda::cuMemcpyHtoD_v2(errors.as_device_ptr().as_raw(), CLEAR_RECORDS.as_ptr().cast(), 32)
-    })?;
-    let positions = ErrorRecord { key: raw[0], count: raw[1] };
-    if let Some((token, position)) = positions.first() {
-        return Err(Error::PositionOutOfRange {
-            token: token as usize,
-            position,
-            max_position,
-            count: positions.count,
-        });
-    }
-    let slots = ErrorRecord { key: raw[2], count: raw[3] };
-    match slots.first() {
-        Some((token, slot)) => Err(Error::SlotOutOfRange {
-            token: token as usize,
-            slot,
-            num_slots: num_slots.unwrap_or(0),
-            count: slots.count,
-        }),
-        None => Ok(()),
-    }
-}
-
-pub(crate) fn dtype_index(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
+        self.core.check_errors(stream, self.config.max_position)
     }
 }
 
@@ -261,29 +177,19 @@ pub(crate) fn dtype_index(dtype: DType) -> usize {
 /// kernels, which skip and record those out of range).
 pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     config.validate()?;
-    plan(config, args).map(|_| ())
+    let table = detached_table(config.rotary_dim);
+    plan(config, args, table, ErrorSink::default()).map(|_| ())
 }
 
 /// Below this many threads at [`heads_per_thread`] heads each, a launch takes one head per
 /// thread instead (256 blocks of 128: about two per multiprocessor of an H200).
 const FEW_THREADS: u64 = 1 << 15;
 
-/// Which entry point a launch takes (the index into `Functions::rope`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Width {
-    /// `_s`: element by element.
-    Scalar = 0,
-    /// `_v`: 16-byte accesses, [`heads_per_thread`] heads per thread.
-    Vector = 1,
-    /// `_p`: 16-byte accesses, one head per thread.
-    Single = 2,
-}
-
-/// A validated launch, without the addresses that belong to the [`Rope`].
+/// A validated launch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Plan {
+    pub key: RopeKey,
     pub params: RopeParams,
-    pub width: Width,
     pub geometry: Geometry,
 }
 
@@ -295,8 +201,9 @@ struct Operand {
     out_name: &'static str,
 }
 
-/// Checks `args` against `config` and works out the launch; `None` when there is no work.
-pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> {
+/// Checks `args` against `config` and works out the launch with `table` and `errors`; `None`
+/// when there is no work.
+pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors: ErrorSink) -> Result<Option<Plan>> {
     if args.dtype != config.dtype {
         return Err(Error::DType { expected: config.dtype, got: args.dtype });
     }
@@ -315,38 +222,20 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
     let qs = q.input.layout.shape;
     for op in ops() {
         let shape = op.input.layout.shape;
-        if shape[3] != config.head_dim {
-            return Err(Error::Shape { what: op.name, axis: "head_dim", expected: config.head_dim, got: shape[3] });
-        }
+        check_axis(op.name, "head_dim", config.head_dim, shape[3])?;
         for (axis, i) in [("batch", 0), ("seq", 1)] {
-            if shape[i] != qs[i] {
-                return Err(Error::Shape { what: op.name, axis, expected: qs[i], got: shape[i] });
-            }
+            check_axis(op.name, axis, qs[i], shape[i])?;
         }
         let out = op.output.layout.shape;
         for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
-            if out[i] != shape[i] {
-                return Err(Error::Shape { what: op.out_name, axis, expected: shape[i], got: out[i] });
-            }
+            check_axis(op.out_name, axis, shape[i], out[i])?;
         }
-        for (what, t) in [(op.name, &op.input), (op.out_name, &op.output)] {
-            let extent = t.layout.extent().unwrap_or(usize::MAX);
-            if extent > t.len {
-                return Err(Error::OutOfBounds { what, extent, len: t.len });
-            }
-            if t.ptr % size as u64 != 0 {
-                return Err(Error::Alignment { what, address: t.ptr, align: size });
-            }
-        }
-        let written = if in_place { op.name } else { op.out_name };
-        let l = op.output.layout;
-        if !l.is_non_overlapping() {
-            return Err(Error::Overlap { what: written, shape: l.shape, strides: l.strides });
-        }
+        check_view(op.name, &op.input, size)?;
+        check_view(op.out_name, &op.output, size)?;
+        check_written(if in_place { op.name } else { op.out_name }, &op.output.layout)?;
         // An output either is its input (in place) or shares nothing with it.
-        let same = op.output.ptr == op.input.ptr && op.output.layout == op.input.layout;
-        if !same && !disjoint((op.input.ptr, &op.input.layout), (op.output.ptr, &l), size) {
-            return Err(Error::Aliasing { a: op.name, b: op.out_name });
+        if (op.output.ptr, op.output.layout) != (op.input.ptr, op.input.layout) {
+            check_disjoint((op.name, &op.input), (op.out_name, &op.output), size)?;
         }
     }
     if let Some(k) = &k {
@@ -357,69 +246,40 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
             (&k.output, k.out_name, &q.input, q.name),
         ];
         for (a, an, b, bn) in pairs {
-            if !disjoint((a.ptr, &a.layout), (b.ptr, &b.layout), size) {
-                let (an, bn) = if in_place { (q.name, k.name) } else { (an, bn) };
-                return Err(Error::Aliasing { a: an, b: bn });
-            }
+            let (an, bn) = if in_place { (q.name, k.name) } else { (an, bn) };
+            check_disjoint((an, a), (bn, b), size)?;
         }
     }
 
     let (batch, seq) = (qs[0], qs[1]);
     let tokens = batch.saturating_mul(seq);
-    let mode = check_positions(&args.positions, batch, seq, config.max_position)?;
-    for (what, value) in
-        [("batch * seq", tokens), ("q heads", qs[2]), ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads()))]
-    {
-        if value > u32::MAX as usize {
-            return Err(Error::TooLarge { what, value: value as u64, limit: u32::MAX as u64 });
-        }
-    }
+    let positions = positions(&args.positions, batch, seq, config.max_position)?;
+    check_u32(&[
+        ("batch * seq", tokens),
+        ("q heads", qs[2]),
+        ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads())),
+    ])?;
 
-    // Vector width: 16-byte accesses when every address and stride allows them.
-    let e = 16 / size;
-    let (rot, hd, half) = (config.rotary_dim, config.head_dim, config.rotary_dim / 2);
-    let pairs_ok = match config.style {
-        RopeStyle::NeoX => half % e == 0,
-        RopeStyle::GptJ => rot % e == 0,
-    };
-    let views_ok = ops()
-        .flat_map(|op| [&op.input, &op.output])
-        .all(|t| (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0));
-    let vector = pairs_ok && hd % e == 0 && views_ok;
-    let (rot_lanes, copy_width) = match (vector, config.style) {
-        (true, RopeStyle::NeoX) => (half / e, e),
-        (true, RopeStyle::GptJ) => (rot / e, e),
-        (false, _) => (half, 1),
-    };
+    let (rot, hd) = (config.rotary_dim, config.head_dim);
+    let vector = vector_fits(config.style, hd, rot, size, ops().flat_map(|op| [&op.input, &op.output]));
+    let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
     let copy_lanes = if in_place { 0 } else { (hd - rot) / copy_width };
-
-    let view = |op: &Operand| {
-        let (i, o) = (&op.input, &op.output);
-        HeadsView {
-            input: i.ptr + (i.layout.offset * size) as u64,
-            output: o.ptr + (o.layout.offset * size) as u64,
-            in_strides: i.layout.strides.map(|s| s as u64),
-            out_strides: o.layout.strides.map(|s| s as u64),
-            heads: i.layout.heads() as u32,
-            _pad: 0,
-        }
-    };
+    let view = |op: &Operand| heads_view(&op.input, Some(&op.output), size);
     let params = RopeParams {
         q: view(&q),
         k: k.as_ref().map(view).unwrap_or_default(),
-        positions: args.positions.ptr,
+        table,
+        positions,
+        errors,
         tokens: tokens as u32,
         seq: seq as u32,
-        half: half as u32,
         rot_lanes: rot_lanes as u32,
         copy_lanes: copy_lanes as u32,
-        max_position: config.max_position as u32,
-        position_mode: mode,
         sin_sign: match args.direction {
             Direction::Forward => 1.0,
             Direction::Inverse => -1.0,
         },
-        ..Default::default()
+        chunk: 0,
     };
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
     // In place with several heads per thread, heads whose rows share 128-byte lines run far
@@ -436,40 +296,17 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> 
         HeadGrouping::Several => false,
     };
     let width = match (vector, g > 1 && one) {
-        (false, _) => Width::Scalar,
-        (true, false) => Width::Vector,
-        (true, true) => Width::Single,
+        (false, _) => RopeWidth::Scalar,
+        (true, false) => RopeWidth::Vector,
+        (true, true) => RopeWidth::Single,
     };
-    let g = if width == Width::Single { 1 } else { g };
-    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { params: RopeParams { chunk, ..params }, width, geometry }))
+    let g = if width == RopeWidth::Single { 1 } else { g };
+    let key = RopeKey { style: config.style, dtype: config.dtype, width };
+    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { key, params: RopeParams { chunk, ..params }, geometry }))
 }
 
-/// Checks `positions` for `batch` sequences of `seq` tokens against a table of `max_position`
-/// rows (what can be checked without reading them) and returns the kernels' `position_mode`.
-pub(crate) fn check_positions(positions: &RawPositions, batch: usize, seq: usize, max_position: usize) -> Result<u32> {
-    let tokens = batch.saturating_mul(seq);
-    let (mode, needed_len, align) = match positions.kind {
-        PositionKind::Sequential => (position_mode::SEQUENTIAL, None, 1),
-        PositionKind::IdsI32 => (position_mode::IDS_I32, Some(tokens), 4),
-        PositionKind::IdsI64 => (position_mode::IDS_I64, Some(tokens), 8),
-        PositionKind::OffsetsI32 => (position_mode::OFFSETS_I32, Some(batch), 4),
-        PositionKind::OffsetsI64 => (position_mode::OFFSETS_I64, Some(batch), 8),
-    };
-    match needed_len {
-        None if seq > max_position => Err(Error::MaxPosition { needed: seq, max_position }),
-        Some(n) if n != positions.len => {
-            let shape = if mode >= position_mode::OFFSETS_I32 { vec![batch] } else { vec![batch, seq] };
-            Err(Error::Length { what: "positions", shape, expected: n, got: positions.len })
-        }
-        Some(_) if positions.ptr % align != 0 => {
-            Err(Error::Alignment { what: "positions", address: positions.ptr, align: align as usize })
-        }
-        _ => Ok(mode),
-    }
-}
-
-/// The launch geometry of [`RopeParams`]'s thread mapping ([`work_item`]) for a kernel taking
-/// `g` heads per thread, and the tokens per grid row; `None` when there is no work.
+/// The launch geometry of [`RopeParams`]'s thread mapping for a kernel taking `g` heads per
+/// thread, and the tokens per grid row; `None` when there is no work.
 fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
     flat_geometry(p.tokens, work_per_token(p, g))
 }
@@ -479,33 +316,19 @@ fn work_per_token(p: &RopeParams, g: u32) -> u64 {
     (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64
 }
 
-/// The geometry of [`work_item`]'s mapping for `tokens` tokens of `work` items each, and the
-/// tokens per grid row; `None` when there is no work.
-pub(crate) fn flat_geometry(tokens: u32, work: u64) -> Result<Option<(Geometry, u32)>> {
-    if work == 0 || tokens == 0 {
-        return Ok(None);
-    }
-    // One grid row holds at most 2^31 thread indices, so the kernel's index math stays 32-bit.
-    let row = 1u64 << 31;
-    let too_large = |what, value, limit| Error::TooLarge { what, value, limit };
-    if work > row {
-        return Err(too_large("heads * lanes", work, row));
-    }
-    let chunk = (row / work).min(tokens as u64);
-    let rows = (tokens as u64).div_ceil(chunk);
-    if rows > 65_535 {
-        return Err(too_large("grid rows (tokens * heads * lanes / 2^31)", rows, 65_535));
-    }
-    let blocks = (chunk * work).div_ceil(BLOCK_THREADS as u64);
-    Ok(Some((Geometry { grid: (blocks as u32, rows as u32), block: (BLOCK_THREADS, 1) }, chunk as u32)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DType;
     use crate::layout::Layout;
-    use crate::tensor::RawPositions;
+    use crate::tensor::{PositionKind, RawPositions};
     use rope_cuda_kernels::params::work_item;
+    use rope_cuda_kernels::views::ErrorRecord;
+
+    /// [`super::plan`] without a table or records, as [`validate`] plans.
+    fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> {
+        super::plan(config, args, detached_table(config.rotary_dim), ErrorSink::default())
+    }
 
     const BASE: u64 = 1 << 20;
 
@@ -536,7 +359,7 @@ mod tests {
     fn plans_vector_launches_for_aligned_views() {
         let (config, args) = args();
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_ne!(p.width, Width::Scalar);
+        assert_ne!(p.key.width, RopeWidth::Scalar);
         assert_eq!((p.params.rot_lanes, p.params.copy_lanes, p.params.tokens, p.params.seq), (8, 0, 4, 2));
         assert_eq!((p.params.q.heads, p.params.k.heads), (8, 2));
         assert_eq!(p.params.q.in_strides, [2 * 8 * 128, 8 * 128, 128]);
@@ -564,14 +387,14 @@ mod tests {
         // bf16 head_dim 96: rows of 192 bytes share 128-byte lines.
         let (config, mut args) = args_tokens(RopeConfig::new(96, 4096), DType::BF16, 4096);
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_eq!(p.width, Width::Single);
+        assert_eq!(p.key.width, RopeWidth::Single);
         assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
         // Out of place, or rows of whole lines: the measured heads per thread.
         args.q_out = Some(tensor(4 << 36, args.q.layout));
         args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Vector);
         let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 4096);
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Vector);
     }
 
     #[test]
@@ -579,25 +402,25 @@ mod tests {
         // A decode step: 64 tokens of 32/8 heads of 128, in place and out.
         let (config, mut args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 32);
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_eq!(p.width, Width::Single);
+        assert_eq!(p.key.width, RopeWidth::Single);
         assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
         assert!(p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2)) < FEW_THREADS);
         args.q_out = Some(tensor(4 << 36, args.q.layout));
         args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Single);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Single);
         // Where the measured count is one head (f32 NeoX), its `_v` kernel stays.
         let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::F32, 32);
-        let want = if heads_per_thread(true, true, 4) == 1 { Width::Vector } else { Width::Single };
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, want);
+        let want = if heads_per_thread(true, true, 4) == 1 { RopeWidth::Vector } else { RopeWidth::Single };
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, want);
         // Enough tokens to fill the GPU at several heads a thread: the vector kernel.
         let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 512);
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Vector);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Vector);
         // Chosen by the configuration instead.
         let (config, args) = args_tokens(RopeConfig::new(128, 4096).grouping(HeadGrouping::One), DType::BF16, 512);
-        assert_eq!(plan(&config, &args).unwrap().unwrap().width, Width::Single);
+        assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Single);
         let (config, args) = args_tokens(RopeConfig::new(96, 4096).grouping(HeadGrouping::Several), DType::BF16, 32);
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_eq!(p.width, Width::Vector, "few tokens, in place on rows sharing lines");
+        assert_eq!(p.key.width, RopeWidth::Vector, "few tokens, in place on rows sharing lines");
         assert_eq!(p.geometry, geometry(&p.params, heads_per_thread(true, true, 2)).unwrap().unwrap().0);
     }
 
@@ -607,11 +430,11 @@ mod tests {
         args.q.layout.offset = 1; // 2-byte aligned only
         args.q.len += 1;
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_eq!(p.width, Width::Scalar);
+        assert_eq!(p.key.width, RopeWidth::Scalar);
         assert_eq!(p.params.rot_lanes, 64);
         let (config, args) = args_with(RopeConfig::new(80, 64).rotary_dim(20), DType::F32);
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_eq!(p.width, Width::Scalar, "half = 10 is not a multiple of 4");
+        assert_eq!(p.key.width, RopeWidth::Scalar, "half = 10 is not a multiple of 4");
         assert_eq!(p.params.rot_lanes, 10);
     }
 
@@ -636,7 +459,7 @@ mod tests {
             layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
         });
         let p = plan(&config, &args).unwrap().unwrap();
-        assert_ne!(p.width, Width::Scalar, "row stride {row} keeps 16-byte alignment");
+        assert_ne!(p.key.width, RopeWidth::Scalar, "row stride {row} keeps 16-byte alignment");
         // k shifted by one head onto q's last head.
         args.k.as_mut().unwrap().layout.offset = 7 * 128;
         assert!(matches!(err(&config, &args), Error::Aliasing { a: "q", b: "k" }));
@@ -815,7 +638,8 @@ mod tests {
     }
 
     fn params(qh: u32, kh: u32, lanes: u32, tokens: u32) -> RopeParams {
-        let mut p = RopeParams { tokens, seq: 1, half: lanes, rot_lanes: lanes, ..Default::default() };
+        let mut p = RopeParams { tokens, seq: 1, rot_lanes: lanes, ..Default::default() };
+        p.table = TableView::new([0; 4], lanes);
         p.q.heads = qh;
         p.k.heads = kh;
         p

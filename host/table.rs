@@ -1,13 +1,11 @@
 //! cos/sin tables: angles formed in f64, stored in f32, built once per configuration.
 
-use cust::memory::DeviceBuffer;
 use rope_cuda_kernels::math::{inv_freq, split_f64};
+use rope_cuda_kernels::views::TableView;
 
-use crate::config::RopeConfig;
+use crate::alloc::DeviceAlloc;
+use crate::config::{RopeConfig, MAX_POSITION_LIMIT};
 use crate::error::{Error, Result};
-
-/// Largest table the kernels index with 32-bit positions.
-pub const MAX_POSITION_LIMIT: usize = i32::MAX as usize;
 
 /// Host copy of a cos/sin table, row-major `[max_position, rotary_dim / 2]`:
 /// `cos[p * half + i]` is the f32 nearest `cos(p * inv_freq[i])` (evaluated in f64) and
@@ -88,17 +86,17 @@ pub struct RopeTable {
     base: f64,
     attention: f64,
     max_position: usize,
-    pub(crate) cos: DeviceBuffer<f32>,
-    pub(crate) sin: DeviceBuffer<f32>,
-    pub(crate) cos_lo: DeviceBuffer<f32>,
-    pub(crate) sin_lo: DeviceBuffer<f32>,
+    cos: DeviceAlloc<f32>,
+    sin: DeviceAlloc<f32>,
+    cos_lo: DeviceAlloc<f32>,
+    sin_lo: DeviceAlloc<f32>,
 }
 
 impl RopeTable {
-    /// Device addresses of the cosines, sines and their residuals, as the kernels' parameters
-    /// name them.
-    pub(crate) fn addresses(&self) -> [u64; 4] {
-        [&self.cos, &self.sin, &self.cos_lo, &self.sin_lo].map(|b| b.as_device_ptr().as_raw())
+    /// The kernels' view of the table.
+    pub(crate) fn view(&self) -> TableView {
+        let addresses = [&self.cos, &self.sin, &self.cos_lo, &self.sin_lo].map(|b| b.address());
+        TableView::new(addresses, (self.rotary_dim / 2) as u32)
     }
 
     /// Builds the table of plain RoPE on the host (see [`HostTable::new`]) and uploads it
@@ -121,10 +119,10 @@ impl RopeTable {
             base,
             attention,
             max_position: host.max_position,
-            cos: DeviceBuffer::from_slice(&host.cos)?,
-            sin: DeviceBuffer::from_slice(&host.sin)?,
-            cos_lo: DeviceBuffer::from_slice(&host.cos_lo)?,
-            sin_lo: DeviceBuffer::from_slice(&host.sin_lo)?,
+            cos: DeviceAlloc::from_slice(&host.cos)?,
+            sin: DeviceAlloc::from_slice(&host.sin)?,
+            cos_lo: DeviceAlloc::from_slice(&host.cos_lo)?,
+            sin_lo: DeviceAlloc::from_slice(&host.sin_lo)?,
         })
     }
 

@@ -7,6 +7,7 @@ use cust::memory::{DeviceCopy, DeviceSlice};
 
 use crate::config::DType;
 use crate::layout::Layout;
+pub use rope_cuda_kernels::views::PositionKind;
 
 mod sealed {
     pub trait Sealed {}
@@ -93,56 +94,32 @@ impl<'a, T: Element> TensorMut<'a, T> {
     }
 }
 
-/// Where the kernels find each token's position.
+/// Where the kernels find each token's position: the typed form of [`RawPositions`], with
+/// the same names as [`PositionKind`].
 #[derive(Debug, Clone, Copy)]
 pub enum Positions<'a> {
     /// Token `s` of each sequence is at position `s`.
     Sequential,
     /// One i32 id per token, `[batch, seq]` row-major.
-    Ids(&'a DeviceSlice<i32>),
+    IdsI32(&'a DeviceSlice<i32>),
     /// One i64 id per token, `[batch, seq]` row-major.
-    Ids64(&'a DeviceSlice<i64>),
+    IdsI64(&'a DeviceSlice<i64>),
     /// One i32 start per sequence: token `s` of sequence `b` is at `offsets[b] + s`.
-    Offsets(&'a DeviceSlice<i32>),
+    OffsetsI32(&'a DeviceSlice<i32>),
     /// One i64 start per sequence.
-    Offsets64(&'a DeviceSlice<i64>),
+    OffsetsI64(&'a DeviceSlice<i64>),
 }
 
-/// How [`RawPositions`] are to be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PositionKind {
-    /// See [`Positions::Sequential`]; `ptr` and `len` are ignored.
-    Sequential,
-    /// See [`Positions::Ids`].
-    IdsI32,
-    /// See [`Positions::Ids64`].
-    IdsI64,
-    /// See [`Positions::Offsets`].
-    OffsetsI32,
-    /// See [`Positions::Offsets64`].
-    OffsetsI64,
-}
-
-/// Positions as a device address, for [`Rope::apply_raw`](crate::Rope::apply_raw).
+/// Positions as a device address, for the raw entry points
+/// ([`Rope::apply_raw`](crate::Rope::apply_raw), [`Rope::append_kv_raw`](crate::Rope::append_kv_raw)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawPositions {
-    /// Their kind.
+    /// How they are read.
     pub kind: PositionKind,
-    /// Device address of the first id or offset.
+    /// Device address of the first id or offset (ignored for [`PositionKind::Sequential`]).
     pub ptr: u64,
     /// Number of ids (`batch * seq`) or offsets (`batch`).
     pub len: usize,
-}
-
-impl RawPositions {
-    /// The address the kernels read: none (0) for [`PositionKind::Sequential`].
-    pub(crate) fn read_address(&self) -> u64 {
-        if self.kind == PositionKind::Sequential {
-            0
-        } else {
-            self.ptr
-        }
-    }
 }
 
 impl RawPositions {
@@ -157,10 +134,10 @@ impl Positions<'_> {
         }
         match self {
             Positions::Sequential => RawPositions::SEQUENTIAL,
-            Positions::Ids(s) => of(PositionKind::IdsI32, s),
-            Positions::Ids64(s) => of(PositionKind::IdsI64, s),
-            Positions::Offsets(s) => of(PositionKind::OffsetsI32, s),
-            Positions::Offsets64(s) => of(PositionKind::OffsetsI64, s),
+            Positions::IdsI32(s) => of(PositionKind::IdsI32, s),
+            Positions::IdsI64(s) => of(PositionKind::IdsI64, s),
+            Positions::OffsetsI32(s) => of(PositionKind::OffsetsI32, s),
+            Positions::OffsetsI64(s) => of(PositionKind::OffsetsI64, s),
         }
     }
 }

@@ -59,8 +59,8 @@ fn run<T: TestElem>(g: &Gpu, rope: &Rope, call: &Call, seed: u64) -> Result<(), 
         Pos::I64(v) => (None, Some(upload_t(v))),
     };
     let positions = match (&d32, &d64) {
-        (Some(b), _) => Positions::Ids(b),
-        (_, Some(b)) => Positions::Ids64(b),
+        (Some(b), _) => Positions::IdsI32(b),
+        (_, Some(b)) => Positions::IdsI64(b),
         _ => unreachable!(),
     };
     let fwd = Direction::Forward;
@@ -357,7 +357,7 @@ fn aliasing_q_and_k_is_a_typed_error() {
     let k = Layout::strided([1, 4, 1, d], [4 * d, d, d], 4 * 4 * d - d / 2);
     {
         let (mut tq, mut tk) = TensorMut::pair(&mut buf, q, k);
-        let e = rope.apply_in_place(&mut tq, Some(&mut tk), Positions::Ids(&ids), Direction::Forward, &g.stream);
+        let e = rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&ids), Direction::Forward, &g.stream);
         assert!(matches!(e, Err(Error::Aliasing { .. })), "{e:?}");
     }
     // Out of place, through the raw API (the safe one cannot express it): q's output over
@@ -472,7 +472,17 @@ fn append(g: &Gpu, rope: &Rope, a: &Append, slots_len: usize) -> (rope_cuda::Res
     let result = {
         let mut cache = rope_cuda::KvCache::paged(&mut kc, &mut vc, layout);
         let (k, v) = (Tensor::new(&dk, l), Tensor::new(&dv, l));
-        rope.append_kv(None, &k, &v, &mut cache, Positions::Ids(&pos), Some(&slots), &g.stream)
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: None,
+                k: &k,
+                v: &v,
+                cache: &mut cache,
+                positions: Positions::IdsI32(&pos),
+                slots: Some(&slots),
+            },
+            &g.stream,
+        )
     };
     g.stream.synchronize().unwrap();
     let (mut hk, mut hv) = (vec![bf16::ZERO; a.cache.len()], vec![bf16::ZERO; a.cache.len()]);

@@ -91,7 +91,7 @@ fn rope_past_2_pow_31_elements() {
     {
         let mut tq = TensorMut::new(&mut q, Layout::bshd(1, tokens, hq, d));
         let mut tk = TensorMut::new(&mut k, Layout::bshd(1, tokens, hk, d));
-        rope.apply_in_place(&mut tq, Some(&mut tk), Positions::Ids(&pos), Direction::Forward, &g.stream).unwrap();
+        rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&pos), Direction::Forward, &g.stream).unwrap();
     }
     rope.check_errors(&g.stream).unwrap();
     for (t, xq, xk) in orig {
@@ -141,7 +141,18 @@ fn append_past_2_pow_31_elements() {
             let mut q = TensorMut::new(&mut dq, Layout::bshd(tokens, 1, hq, d));
             let l = Layout::bshd(tokens, 1, hk, d);
             let (k, v) = (Tensor::new(&dk, l), Tensor::new(&dv, l));
-            rope.append_kv(Some(&mut q), &k, &v, &mut cache, Positions::Ids(&dpos), Some(&dslots), &g.stream).unwrap();
+            rope.append_kv(
+                rope_cuda::KvAppend {
+                    q: Some(&mut q),
+                    k: &k,
+                    v: &v,
+                    cache: &mut cache,
+                    positions: Positions::IdsI32(&dpos),
+                    slots: Some(&dslots),
+                },
+                &g.stream,
+            )
+            .unwrap();
         }
         rope.check_errors(&g.stream).unwrap();
         let q_out = common::download_t(&dq);

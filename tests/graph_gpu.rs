@@ -62,7 +62,17 @@ fn decode_step_replays(test: &str, record: bool) {
         let mut q = TensorMut::new(&mut dq, ql);
         let mut cache = KvCache::paged(&mut kc, &mut vc, cl);
         let (k, v) = (Tensor::new(&dk, kl), Tensor::new(&dv, kl));
-        rope.append_kv(Some(&mut q), &k, &v, &mut cache, Positions::Ids(&dpos), Some(&dslots), &g.stream)
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: Some(&mut q),
+                k: &k,
+                v: &v,
+                cache: &mut cache,
+                positions: Positions::IdsI32(&dpos),
+                slots: Some(&dslots),
+            },
+            &g.stream,
+        )
     };
     let graph = if record { rope_cuda::Graph::record(step) } else { rope_cuda::Graph::capture(&g.stream, step) };
     let graph = graph.unwrap();
@@ -84,7 +94,8 @@ fn decode_step_replays(test: &str, record: bool) {
         }
         dpos.copy_from(&positions[..]).unwrap();
         dslots.copy_from(&slots[..]).unwrap();
-        graph.launch(&g.stream).unwrap();
+        // SAFETY: every buffer the graph names lives until the test synchronises the stream.
+        unsafe { graph.launch(&g.stream) }.unwrap();
         g.stream.synchronize().unwrap();
         rope.check_errors(&g.stream).unwrap();
         let (q_out, kc_out, vc_out) = (download_t(&dq), download_t(&kc), download_t(&vc));
@@ -140,7 +151,7 @@ fn record_while_other_threads_work() {
     let mut out = upload_t(&vec![bf16::ZERO; x.len()]);
     let run = |out: &mut cust::memory::DeviceBuffer<bf16>| {
         let mut o = TensorMut::new(out, l);
-        rope.apply(&Tensor::new(&dx, l), &mut o, None, Positions::Ids(&dpos), Direction::Forward, &g.stream)
+        rope.apply(&Tensor::new(&dx, l), &mut o, None, Positions::IdsI32(&dpos), Direction::Forward, &g.stream)
     };
     run(&mut out).unwrap();
     g.stream.synchronize().unwrap();
@@ -159,7 +170,7 @@ fn record_while_other_threads_work() {
                     let mut buf = upload_t(&host);
                     let mut q = TensorMut::new(&mut buf, l);
                     let offsets = upload_t(&[0i32, 100, 200, 300]);
-                    rope.apply_in_place(&mut q, None, Positions::Offsets(&offsets), Direction::Forward, &g.stream)
+                    rope.apply_in_place(&mut q, None, Positions::OffsetsI32(&offsets), Direction::Forward, &g.stream)
                         .unwrap();
                     g.stream.synchronize().unwrap();
                     assert_ne!(download_t(&buf), host);
@@ -172,7 +183,8 @@ fn record_while_other_threads_work() {
         let graph = rope_cuda::Graph::record(|| run(&mut out)).unwrap();
         upload_t(&[bf16::ZERO; 8]); // an allocation and a copy of this thread's own between
         out.copy_from(&vec![bf16::ZERO; x.len()][..]).unwrap();
-        graph.launch(&g.stream).unwrap();
+        // SAFETY: every buffer the graph names lives until the test synchronises the stream.
+        unsafe { graph.launch(&g.stream) }.unwrap();
         g.stream.synchronize().unwrap();
         assert!(download_t(&out).iter().zip(&eager).all(|(a, b)| a.bits() == b.bits()), "replay {i} differs");
     }
@@ -191,7 +203,7 @@ fn reference_update_replays_from_a_recorded_graph() {
     let test = "reference_update_replays_from_a_recorded_graph";
     let Some(g) = gpu(test) else { return };
     let seed = test_seed(test);
-    let shape = rope_cuda::KvShape { batch: 2, new_tokens: 16, heads: 4, head_dim: 32, cache_len: 128 };
+    let shape = rope_cuda::seed::KvShape { batch: 2, new_tokens: 16, heads: 4, head_dim: 32, cache_len: 128 };
     let (cache_n, new_n) = (2 * 128 * 4 * 32, 2 * 16 * 4 * 32);
     let r = |tensor: u64, n: usize| -> Vec<bf16> {
         (0..n as u64).map(|i| bf16::from_f32(uniform(seed, tensor, i))).collect()
@@ -200,7 +212,7 @@ fn reference_update_replays_from_a_recorded_graph() {
         (upload_t(&r(0, new_n)), upload_t(&r(1, new_n)), upload_t(&r(2, cache_n)), upload_t(&r(3, cache_n)));
     let (cos, sin) = (upload_t(&r(4, 128 * 16)), upload_t(&r(5, 128 * 16)));
     let pos = upload_t(&(0..32).map(|i| (i * 7 + 3) % 128).collect::<Vec<i32>>());
-    let update = rope_cuda::KvUpdate::new(&g.kernels).unwrap();
+    let update = rope_cuda::seed::KvUpdate::new(&g.kernels).unwrap();
     let mut eager = upload_t(&vec![bf16::ZERO; 2 * cache_n]);
     update.update_kv_cache(shape, &k, &v, &cos, &sin, &ck, &cv, &pos, &mut eager, &g.stream).unwrap();
     let mut out = upload_t(&vec![bf16::from_f32(-7.0); 2 * cache_n]);
@@ -210,7 +222,8 @@ fn reference_update_replays_from_a_recorded_graph() {
     .unwrap();
     g.stream.synchronize().unwrap();
     assert!(download_t(&out).iter().all(|x| x.to_f32() == -7.0), "recording ran something");
-    graph.launch(&g.stream).unwrap();
+    // SAFETY: every buffer the graph names lives until the test synchronises the stream.
+    unsafe { graph.launch(&g.stream) }.unwrap();
     g.stream.synchronize().unwrap();
     update.check_errors(&g.stream).unwrap();
     let (want, got) = (download_t(&eager), download_t(&out));
@@ -239,7 +252,17 @@ fn claiming_appends_are_not_capturable() {
     let step = |kc: &mut cust::memory::DeviceBuffer<bf16>, vc: &mut cust::memory::DeviceBuffer<bf16>| {
         let mut c = KvCache::paged(kc, vc, Layout::bshd(2 * tokens, 1, 2, 64));
         let (k, v) = (Tensor::new(&k, l), Tensor::new(&v, l));
-        rope.append_kv(None, &k, &v, &mut c, Positions::Ids(&pos), Some(&slots), &g.stream)
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: None,
+                k: &k,
+                v: &v,
+                cache: &mut c,
+                positions: Positions::IdsI32(&pos),
+                slots: Some(&slots),
+            },
+            &g.stream,
+        )
     };
     let e = rope_cuda::Graph::record(|| step(&mut kc, &mut vc));
     assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
@@ -267,7 +290,7 @@ fn checked_calls_are_not_recordable() {
     let pos = upload_t(&[1i32, 2, 3, 4]);
     let e = rope_cuda::Graph::record(|| {
         let mut t = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
-        checked.apply_in_place(&mut t, None, Positions::Ids(&pos), Direction::Forward, &g.stream)
+        checked.apply_in_place(&mut t, None, Positions::IdsI32(&pos), Direction::Forward, &g.stream)
     });
     assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
     let e = rope_cuda::Graph::record(|| unchecked.check_errors(&g.stream));

@@ -9,9 +9,10 @@ use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, Gpu, Reade
 use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
+use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    Direction, Error, KvCache, KvShape, KvUpdate, Layout, PositionKind, Positions, RawKvArgs, RawPositions, RawTensor,
-    Rope, RopeConfig, RopeStyle, Tensor, TensorMut, KV_SCAN_MAX_TOKENS,
+    Direction, Error, KvCache, Layout, PositionKind, Positions, RawKvArgs, RawPositions, RawTensor, Rope, RopeConfig,
+    RopeStyle, Tensor, TensorMut, KV_SCAN_MAX_TOKENS,
 };
 
 /// A golden file of `tests/data/make_golden_kv.py`.
@@ -368,12 +369,14 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             let mut q = TensorMut::new(&mut dq, q_l);
             let q_arg = if hq > 0 { Some(&mut q) } else { None };
             rope.append_kv(
-                q_arg,
-                &Tensor::new(&dk, k_l),
-                &Tensor::new(&dv, v_l),
-                &mut cache_view,
-                Positions::Ids(&dpos),
-                dslots.as_deref(),
+                rope_cuda::KvAppend {
+                    q: q_arg,
+                    k: &Tensor::new(&dk, k_l),
+                    v: &Tensor::new(&dv, v_l),
+                    cache: &mut cache_view,
+                    positions: Positions::IdsI32(&dpos),
+                    slots: dslots.as_deref(),
+                },
                 &g.stream,
             )
             .unwrap();
@@ -562,8 +565,19 @@ fn append_out_of_range_is_skipped_and_reported() {
                   dq: &mut DeviceBuffer<f32>| {
         let mut cache = KvCache::paged(kc, vc, layout);
         let mut q = TensorMut::new(dq, l);
-        let (k, ids) = (Tensor::new(&k, l), Positions::Ids(pos));
-        rope.append_kv(Some(&mut q), &k, &k, &mut cache, ids, Some(&slots), &g.stream).unwrap();
+        let (k, ids) = (Tensor::new(&k, l), Positions::IdsI32(pos));
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: Some(&mut q),
+                k: &k,
+                v: &k,
+                cache: &mut cache,
+                positions: ids,
+                slots: Some(&slots),
+            },
+            &g.stream,
+        )
+        .unwrap();
     };
     append(&pos, &mut kc, &mut vc, &mut dq);
     let err = rope.check_errors(&g.stream);

@@ -32,7 +32,7 @@ fn devices(test: &str) -> Option<Vec<Device>> {
 
 /// A decode step of 9 sequences with 4 q and 2 kv heads of 64 on the current device:
 /// checks q and the written key and value rows against the f64 reference.
-fn step_on_current_device(kernels: &Kernels, seed: u64) {
+fn step_on_current_device(kernels: &std::sync::Arc<Kernels>, seed: u64) {
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let rope = Rope::new(kernels, RopeConfig::new(64, 1024).dtype(DType::BF16)).unwrap();
     let (t, hq, hk, d) = (9, 4, 2, 64);
@@ -49,12 +49,14 @@ fn step_on_current_device(kernels: &Kernels, seed: u64) {
         let mut tq = TensorMut::new(&mut q, Layout::bshd(t, 1, hq, d));
         let l = Layout::bshd(t, 1, hk, d);
         rope.append_kv(
-            Some(&mut tq),
-            &Tensor::new(&k, l),
-            &Tensor::new(&v, l),
-            &mut cache,
-            Positions::Ids(&pos),
-            Some(&slots),
+            rope_cuda::KvAppend {
+                q: Some(&mut tq),
+                k: &Tensor::new(&k, l),
+                v: &Tensor::new(&v, l),
+                cache: &mut cache,
+                positions: Positions::IdsI32(&pos),
+                slots: Some(&slots),
+            },
             &stream,
         )
         .unwrap();
@@ -112,7 +114,7 @@ fn buffers_of_another_device_are_refused() {
     let rope = Rope::new(&kernels, RopeConfig::new(64, 64).dtype(DType::BF16)).unwrap();
     let ids = DeviceBuffer::from_slice(&[1i32, 2, 3, 4]).unwrap();
     let mut tq = TensorMut::new(&mut on_1, Layout::bshd(1, 4, 4, 64));
-    let e = rope.apply_in_place(&mut tq, None, Positions::Ids(&ids), Direction::Forward, &stream);
+    let e = rope.apply_in_place(&mut tq, None, Positions::IdsI32(&ids), Direction::Forward, &stream);
     assert!(matches!(e, Err(Error::Device { what: "q", expected: 0, got: 1 })), "{e:?}");
     // The fused append with a cache on device 0 and keys on device 1.
     let (k0, mut kc, mut vc) = (
@@ -124,11 +126,32 @@ fn buffers_of_another_device_are_refused() {
     let l = Layout::bshd(4, 1, 4, 64);
     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(1, 4, 4, 64));
     let (on_1_keys, on_0_values) = (Tensor::new(&on_1, l), Tensor::new(&k0, l));
-    let e = rope.append_kv(None, &on_1_keys, &on_0_values, &mut cache, Positions::Ids(&ids), Some(&slots), &stream);
+    let e = rope.append_kv(
+        rope_cuda::KvAppend {
+            q: None,
+            k: &on_1_keys,
+            v: &on_0_values,
+            cache: &mut cache,
+            positions: Positions::IdsI32(&ids),
+            slots: Some(&slots),
+        },
+        &stream,
+    );
     assert!(matches!(e, Err(Error::Device { what: "k", expected: 0, got: 1 })), "{e:?}");
     // The same call with both on device 0 is accepted: the refusal was the device's.
     let on_0_keys = Tensor::new(&k0, l);
-    rope.append_kv(None, &on_0_keys, &on_0_values, &mut cache, Positions::Ids(&ids), Some(&slots), &stream).unwrap();
+    rope.append_kv(
+        rope_cuda::KvAppend {
+            q: None,
+            k: &on_0_keys,
+            v: &on_0_values,
+            cache: &mut cache,
+            positions: Positions::IdsI32(&ids),
+            slots: Some(&slots),
+        },
+        &stream,
+    )
+    .unwrap();
     stream.synchronize().unwrap();
     CurrentContext::set_current(&ctx1).unwrap();
     let mut back = vec![bf16::ZERO; host.len()];

@@ -1,17 +1,17 @@
 //! Checks on the embedded PTX text: what the kernels compiled to. (Registers and spills are
 //! checked with ptxas in `.ci/run`.)
 
-use rope_cuda::{ARCH, BENCH_ENTRY_POINTS, ENTRY_POINTS, KV_ELEM_TABLE_ENTRY_POINTS, KV_ENTRY_POINTS, PTX};
+use rope_cuda::{ARCH, PTX};
+use rope_cuda_kernels::entries::EntryPoint;
 
-/// Every entry point the host resolves.
+/// Every entry point of the kernel list (the host resolves each one).
 fn all_entry_points() -> impl Iterator<Item = &'static str> {
-    ENTRY_POINTS
-        .iter()
-        .chain(KV_ENTRY_POINTS)
-        .chain(KV_ELEM_TABLE_ENTRY_POINTS)
-        .chain(BENCH_ENTRY_POINTS)
-        .copied()
-        .chain(["kv_claim"])
+    EntryPoint::ALL.iter().map(|ep| ep.name())
+}
+
+/// The RoPE entry points, and the KV ones (library and caller tables).
+fn named(prefix: &str) -> Vec<&'static str> {
+    all_entry_points().filter(|n| n.starts_with(prefix)).collect()
 }
 
 /// The text of entry point `name`, up to the next entry point.
@@ -39,12 +39,14 @@ fn ptx_targets_the_configured_arch() {
 /// fallback for views whose addresses or dims do not allow it.
 #[test]
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
-    let vector: Vec<_> = ENTRY_POINTS.iter().filter(|n| n.ends_with("_v") || n.ends_with("_p")).collect();
+    let vector: Vec<_> = named("rope_").into_iter().filter(|n| n.ends_with("_v") || n.ends_with("_p")).collect();
     assert_eq!(vector.len(), 12);
+    assert_eq!(named("rope_").len(), 18);
+    assert_eq!(named("kv_").len(), 24 + 6 + 1);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
-    let kv = KV_ENTRY_POINTS.iter().chain(KV_ELEM_TABLE_ENTRY_POINTS).filter(|n| !n.contains("_s"));
+    let kv = named("kv_").into_iter().filter(|n| !n.contains("_s") && *n != "kv_claim");
     for name in kv {
         let b = body(name);
         let v = if name.contains("_d") { "v2" } else { "v4" };

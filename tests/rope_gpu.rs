@@ -115,10 +115,10 @@ fn positions(kind: PosKind, seed: u64) -> (Vec<i64>, PosBuf) {
 
 fn as_positions(kind: PosKind, buf: &PosBuf) -> Positions<'_> {
     match (kind, buf) {
-        (PosKind::Ids32, PosBuf::I32(b)) => Positions::Ids(b),
-        (PosKind::Ids64, PosBuf::I64(b)) => Positions::Ids64(b),
-        (PosKind::Offsets, PosBuf::I32(b)) => Positions::Offsets(b),
-        (PosKind::Offsets64, PosBuf::I64(b)) => Positions::Offsets64(b),
+        (PosKind::Ids32, PosBuf::I32(b)) => Positions::IdsI32(b),
+        (PosKind::Ids64, PosBuf::I64(b)) => Positions::IdsI64(b),
+        (PosKind::Offsets, PosBuf::I32(b)) => Positions::OffsetsI32(b),
+        (PosKind::Offsets64, PosBuf::I64(b)) => Positions::OffsetsI64(b),
         _ => unreachable!(),
     }
 }
@@ -394,7 +394,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
     for in_place in [true, false] {
         if in_place {
             let mut qv = TensorMut::new(&mut q, layout);
-            rope.apply_in_place(&mut qv, None, Positions::Ids64(&ids_buf), Direction::Forward, &g.stream).unwrap();
+            rope.apply_in_place(&mut qv, None, Positions::IdsI64(&ids_buf), Direction::Forward, &g.stream).unwrap();
         } else {
             let q_in = upload_t(&x);
             let mut ov = TensorMut::new(&mut out, layout);
@@ -402,7 +402,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
                 &Tensor::new(&q_in, layout),
                 &mut ov,
                 None,
-                Positions::Ids64(&ids_buf),
+                Positions::IdsI64(&ids_buf),
                 Direction::Forward,
                 &g.stream,
             )
@@ -444,7 +444,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
         .apply_in_place(
             &mut TensorMut::new(&mut q1, one),
             None,
-            Positions::Ids64(&only_huge),
+            Positions::IdsI64(&only_huge),
             Direction::Forward,
             &g.stream,
         )
@@ -461,7 +461,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
         .apply_in_place(
             &mut TensorMut::new(&mut q2, two),
             None,
-            Positions::Offsets(&offsets),
+            Positions::OffsetsI32(&offsets),
             Direction::Forward,
             &g.stream,
         )

@@ -354,7 +354,7 @@ fn apply_case<T: TestElem>(g: &common::Gpu, file: &str, seq_len: Option<usize>, 
     let (mut dq, mut dk, dp) = (upload_t(&q), upload_t(&k), upload_t(&positions));
     let mut tq = TensorMut::new(&mut dq, Layout::bshd(1, n, hq, d));
     let mut tk = TensorMut::new(&mut dk, Layout::bshd(1, n, hk, d));
-    rope.apply_in_place(&mut tq, Some(&mut tk), Positions::Ids(&dp), Direction::Forward, &g.stream).unwrap();
+    rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&dp), Direction::Forward, &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
     for (input, out, heads) in [(&q, download_t(&dq), hq), (&k, download_t(&dk), hk)] {
         for (t, &position) in positions.iter().enumerate() {

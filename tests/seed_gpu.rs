@@ -5,7 +5,8 @@ mod common;
 use common::{download, gather_rows, gpu, poisoned, reference_rows, test_seed, upload, POISON};
 use cust::memory::DeviceSlice;
 use rope_cuda::reference::{relative_error, uniform_vec};
-use rope_cuda::{Error, RotaryModel};
+use rope_cuda::seed::RotaryModel;
+use rope_cuda::Error;
 
 /// The kernels' accuracy bound: ‖out − ref‖ / ‖ref‖ in f32 against the f64 reference.
 const REL_TOL: f64 = 2e-6;

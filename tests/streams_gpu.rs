@@ -12,8 +12,8 @@ use rope_cuda::reference::{splitmix64, uniform};
 use rope_cuda::{DType, Direction, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
 
 /// One out-of-place RoPE job: inputs, outputs, positions and its handle's settings.
-struct Job<'k> {
-    rope: Rope<'k>,
+struct Job {
+    rope: Rope,
     q: DeviceBuffer<bf16>,
     q_out: DeviceBuffer<bf16>,
     qh: Vec<bf16>,
@@ -23,8 +23,14 @@ struct Job<'k> {
     heads: usize,
 }
 
-impl<'k> Job<'k> {
-    fn new(kernels: &'k rope_cuda::Kernels, config: RopeConfig, tokens: usize, heads: usize, seed: u64) -> Job<'k> {
+impl Job {
+    fn new(
+        kernels: &std::sync::Arc<rope_cuda::Kernels>,
+        config: RopeConfig,
+        tokens: usize,
+        heads: usize,
+        seed: u64,
+    ) -> Job {
         let d = config.head_dim;
         let max = config.max_position;
         let qh: Vec<bf16> = (0..(tokens * heads * d) as u64).map(|i| bf16::from_f32(uniform(seed, 0, i))).collect();
@@ -46,7 +52,7 @@ impl<'k> Job<'k> {
         let l = Layout::bshd(1, self.tokens, self.heads, self.rope.config().head_dim);
         let q = Tensor::new(&self.q, l);
         let mut out = TensorMut::new(&mut self.q_out, l);
-        self.rope.apply(&q, &mut out, None, Positions::Ids(&self.pos), Direction::Forward, stream).unwrap();
+        self.rope.apply(&q, &mut out, None, Positions::IdsI32(&self.pos), Direction::Forward, stream).unwrap();
     }
 
     fn check(&self, what: &str) {
@@ -122,12 +128,14 @@ fn several_handles_in_one_context() {
             let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(2, 16, hk, d));
             let l = Layout::bshd(tokens, 1, hk, d);
             kv.append_kv(
-                None,
-                &Tensor::new(&dk, l),
-                &Tensor::new(&dv, l),
-                &mut cache,
-                Positions::Ids(&pos),
-                Some(&slots),
+                rope_cuda::KvAppend {
+                    q: None,
+                    k: &Tensor::new(&dk, l),
+                    v: &Tensor::new(&dv, l),
+                    cache: &mut cache,
+                    positions: Positions::IdsI32(&pos),
+                    slots: Some(&slots),
+                },
                 stream,
             )
             .unwrap();

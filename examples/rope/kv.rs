@@ -7,9 +7,9 @@ use cust::stream::Stream;
 use half::bf16;
 use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, touch, Timing};
 use rope_cuda::reference::{rope_row, uniform, RefElem};
+use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    DType, Direction, Graph, Kernels, KvCache, KvShape, KvUpdate, Layout, Positions, Rope, RopeConfig, RopeStyle,
-    Tensor, TensorMut,
+    DType, Direction, Graph, Kernels, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -43,7 +43,7 @@ fn download(dev: &DeviceBuffer<bf16>) -> Res<Vec<bf16>> {
 }
 
 /// The reference operation, bf16, B=8, S=8192, H=8, D=128, T=16.
-fn reference(kernels: &Kernels, stream: &Stream) -> Res<KvRow> {
+fn reference(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRow> {
     let (b, t, h, d, s) = (8, 16, 8, 128, 8192);
     let shape = KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s };
     let (row, cache_n) = (h * d, b * s * h * d);
@@ -103,7 +103,7 @@ fn reference(kernels: &Kernels, stream: &Stream) -> Res<KvRow> {
 /// Returns the fused launch, and either RoPE followed by a separate append (`decode`) or a
 /// copy of the bytes the step moves.
 fn step(
-    kernels: &Kernels,
+    kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,
     seqs: usize,
     new: usize,
@@ -130,18 +130,20 @@ fn step(
     let (mut kc, mut vc) = (upload(&seeded(13, cache_n))?, upload(&seeded(14, cache_n))?);
     let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
     let (ql, kl) = (Layout::bshd(seqs, new, hq, d), Layout::bshd(seqs, new, hk, d));
-    let pos = Positions::Ids(&dpos);
+    let pos = Positions::IdsI32(&dpos);
 
     let fused = |dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
         let mut cache = KvCache::paged(kc, vc, cache_layout);
         let mut q = TensorMut::new(dq, ql);
         rope.append_kv(
-            Some(&mut q),
-            &Tensor::new(&dk, kl),
-            &Tensor::new(&dv, kl),
-            &mut cache,
-            pos,
-            Some(&dslots),
+            rope_cuda::KvAppend {
+                q: Some(&mut q),
+                k: &Tensor::new(&dk, kl),
+                v: &Tensor::new(&dv, kl),
+                cache: &mut cache,
+                positions: pos,
+                slots: Some(&dslots),
+            },
             stream,
         )
     };
@@ -174,7 +176,17 @@ fn step(
             let mut k = TensorMut::new(&mut dk2, kl);
             rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
             let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
-            rope.append_kv(None, &Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos, Some(&dslots), stream)
+            rope.append_kv(
+                rope_cuda::KvAppend {
+                    q: None,
+                    k: &Tensor::new(&dk2, kl),
+                    v: &Tensor::new(&dv, kl),
+                    cache: &mut cache,
+                    positions: pos,
+                    slots: Some(&dslots),
+                },
+                stream,
+            )
         };
         let base = time_op(stream, 20, runs, &mut baseline)?;
         let base_device = time_device(kernels, stream, 20, runs, &mut baseline)?;
@@ -189,8 +201,10 @@ fn step(
         let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
         // The same step captured once into a CUDA graph and replayed.
         let graph = Graph::capture(stream, || fused(&mut dq, &mut kc, &mut vc))?;
-        let replay = time_device(kernels, stream, 20, runs, || graph.launch(stream))?;
-        let replay_batched = time_batched(stream, 20, 50, 20, || graph.launch(stream))?;
+        // SAFETY (every replay below): `rope` and the buffers the graphs name live to the end
+        // of this function, and each timing synchronises the stream before returning.
+        let replay = time_device(kernels, stream, 20, runs, || unsafe { graph.launch(stream) })?;
+        let replay_batched = time_batched(stream, 20, 50, 20, || unsafe { graph.launch(stream) })?;
         let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host = host_time(kernels, stream, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host_empty = host_time(kernels, stream, 50, 20, || empty(kernels, stream, 1))?;
@@ -199,16 +213,16 @@ fn step(
         let empty_device = time_device(kernels, stream, 20, runs, || empty(kernels, stream, blocks))?;
         // The yardstick of the graph rows: an empty kernel captured and replayed the same way.
         let empty_graph = Graph::capture(stream, || empty(kernels, stream, blocks))?;
-        let empty_replay = time_device(kernels, stream, 20, runs, || empty_graph.launch(stream))?;
-        let empty_replay_batched = time_batched(stream, 20, 50, 20, || empty_graph.launch(stream))?;
+        let empty_replay = time_device(kernels, stream, 20, runs, || unsafe { empty_graph.launch(stream) })?;
+        let empty_replay_batched = time_batched(stream, 20, 50, 20, || unsafe { empty_graph.launch(stream) })?;
         // The floor of any step that reads its inputs before writing: a copy of the step's
         // bytes (q, k and v read, as many written), one 16-byte load and store per thread.
         let step_elems = tokens * (hq + 2 * hk) * d;
         let (tsrc, mut tdst) = (upload(&seeded(17, step_elems))?, upload(&seeded(18, step_elems))?);
         let touch_device = time_device(kernels, stream, 20, runs, || touch(kernels, stream, &tsrc, &mut tdst))?;
         let touch_graph = Graph::capture(stream, || touch(kernels, stream, &tsrc, &mut tdst))?;
-        let touch_replay = time_device(kernels, stream, 20, runs, || touch_graph.launch(stream))?;
-        let touch_batched = time_batched(stream, 20, 50, 20, || touch_graph.launch(stream))?;
+        let touch_replay = time_device(kernels, stream, 20, runs, || unsafe { touch_graph.launch(stream) })?;
+        let touch_batched = time_batched(stream, 20, 50, 20, || unsafe { touch_graph.launch(stream) })?;
         let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16");
         extra.push(KvRow {
             name: "decode step, device",
@@ -309,7 +323,7 @@ fn step(
 }
 
 /// Runs, checks and prints the KV rows; `Ok(false)` if a check failed.
-pub fn run(kernels: &Kernels, stream: &Stream) -> Res<bool> {
+pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
     let mut rows = vec![reference(kernels, stream)?];
     let mut extra = Vec::new();
     rows.push(step(kernels, stream, 64, 1, true, &mut extra)?);

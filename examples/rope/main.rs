@@ -15,9 +15,9 @@ use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::{Stream, StreamFlags};
 use rope_cuda::bench::{copy_d2d, time_device, time_op, Timing};
 use rope_cuda::reference::{relative_error, rope_neox_row, rope_row_freqs, splitmix64, uniform, uniform_vec, RefElem};
+use rope_cuda::seed::RotaryModel;
 use rope_cuda::{
-    ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, RotaryModel, Tensor,
-    TensorMut,
+    ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 const BASE: f64 = 10_000.0;
@@ -146,7 +146,7 @@ mod kv;
 
 /// Checks and times one shape, out of place and in place.
 fn case(
-    kernels: &Kernels,
+    kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,
     shape: [usize; 4],
     runs: usize,
@@ -253,7 +253,7 @@ impl Model {
 /// tokens against the f64 reference of the model's frequencies, then timed against a copy of
 /// the bytes it must move (q and k read and written).
 fn model_case<T: RefElem>(
-    kernels: &Kernels,
+    kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,
     model: &Model,
     style: RopeStyle,
@@ -285,7 +285,7 @@ fn model_case<T: RefElem>(
     let mut outs: Vec<DeviceBuffer<T>> =
         lens.iter().map(|&n| unsafe { DeviceBuffer::uninitialized(n) }).collect::<Result<_, _>>()?;
     let (qb, kb) = (0, lens.len() - 1);
-    let positions = Positions::Ids(&ids_dev);
+    let positions = Positions::IdsI32(&ids_dev);
     let launch = |bufs: &mut Vec<DeviceBuffer<T>>, outs: &mut Vec<DeviceBuffer<T>>| -> rope_cuda::Result<()> {
         let fwd = Direction::Forward;
         match mode {

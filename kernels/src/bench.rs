@@ -1,27 +1,28 @@
-//! Entry points for benchmarks, not used by the library's operations: an empty kernel (the
-//! launch's own cost, the yardstick of the smallest steps), a copy with one 16-byte load and
-//! store per thread (the least a step that reads before it writes can cost), and a spin that
-//! keeps the stream busy while the host queues the work to time (so events measure the device
-//! alone).
+//! Bodies of the benchmark entry points, not used by the library's operations: an empty
+//! kernel (the launch's own cost, the yardstick of the smallest steps), a copy with one
+//! 16-byte load and store per thread (the least a step that reads before it writes can cost),
+//! and a spin that keeps the stream busy while the host queues the work to time (so events
+//! measure the device alone).
 
 use core::arch::asm;
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io, Vec16, F32};
 use crate::params::Touch;
 
-/// Does nothing.
+/// Does nothing (`bench_empty`; its parameter is unused).
 ///
 /// # Safety
-/// None needed; `unsafe` only because every entry point is.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn bench_empty() {}
+/// None needed; `unsafe` only because every entry point's body is.
+#[inline(always)]
+pub(crate) unsafe fn empty(_: &u64) {}
 
-/// Spins until `ns` nanoseconds of the global timer have passed. Launch one thread.
+/// Spins until `ns` nanoseconds of the global timer have passed (`bench_spin`). Launch one
+/// thread.
 ///
 /// # Safety
 /// None needed.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn bench_spin(ns: u64) {
+#[inline(always)]
+pub(crate) unsafe fn spin(ns: &u64) {
     let now = || {
         let t: u64;
         // SAFETY: reading a special register.
@@ -29,18 +30,22 @@ pub unsafe extern "ptx-kernel" fn bench_spin(ns: u64) {
         t
     };
     let start = now();
-    while now().wrapping_sub(start) < ns {}
+    while now().wrapping_sub(start) < *ns {}
 }
 
-/// Copies `p.chunks` 16-byte chunks from `p.src` to `p.dst`, one per thread.
+/// Copies `p.chunks` 16-byte chunks from `p.src` to `p.dst`, one per thread (`bench_touch`).
 ///
 /// # Safety
-/// Both addresses are 16-byte aligned and hold `p.chunks` chunks; launched by `bench::touch`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn bench_touch(p: Touch) {
+/// Both addresses are 16-byte aligned and hold `p.chunks` chunks (`Touch::new` checks the
+/// alignment).
+#[inline(always)]
+pub(crate) unsafe fn touch(p: &Touch) {
     let i = block_idx().0 as u64 * block_dim().0 as u64 + thread_idx().0 as u64;
     if i < p.chunks {
-        let v = Vec16::<F32>::load_raw((p.src as *const u8).wrapping_add(16 * i as usize));
-        Vec16::<F32>::store_raw((p.dst as *mut u8).wrapping_add(16 * i as usize), v);
+        // SAFETY: the caller's contract: chunk `i` exists in both.
+        unsafe {
+            let v = Vec16::<F32>::load_raw((p.src as *const u8).wrapping_add(16 * i as usize));
+            Vec16::<F32>::store_raw((p.dst as *mut u8).wrapping_add(16 * i as usize), v);
+        }
     }
 }

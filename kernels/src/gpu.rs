@@ -31,14 +31,6 @@ pub fn block_dim() -> (u32, u32) {
     unsafe { (nvptx::_block_dim_x() as u32, nvptx::_block_dim_y() as u32) }
 }
 
-/// `__syncthreads()`: waits for every thread of the block, and makes their shared-memory
-/// writes visible to each other.
-#[inline(always)]
-pub fn sync_threads() {
-    // SAFETY: every caller reaches it from all threads of the block (no early exit before).
-    unsafe { nvptx::_syncthreads() }
-}
-
 /// Up to 8 values in f32, the widest a lane handles; only the first `E` are meaningful.
 pub type Lane = [f32; 8];
 
@@ -73,68 +65,124 @@ pub trait Io {
     unsafe fn store_raw(p: *mut u8, v: Bits);
 }
 
+/// Loads 16 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn ld_v4(p: *const u8) -> Bits {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ld.global.v4.b32 {{{}, {}, {}, {}}}, [{}];",
-        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, c, d]
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        let (a, b, c, d): (u32, u32, u32, u32);
+        asm!(
+            "ld.global.v4.b32 {{{}, {}, {}, {}}}, [{}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+            options(readonly, nostack, preserves_flags),
+        );
+        [a, b, c, d]
+    }
 }
 
+/// Stores 16 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn st_v4(p: *mut u8, v: Bits) {
-    asm!(
-        "st.global.v4.b32 [{}], {{{}, {}, {}, {}}};",
-        in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
-        options(nostack, preserves_flags),
-    );
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!(
+            "st.global.v4.b32 [{}], {{{}, {}, {}, {}}};",
+            in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack, preserves_flags),
+        );
+    }
 }
 
+/// Loads 8 bytes (into the first two words).
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn ld_v2(p: *const u8) -> Bits {
-    let (a, b): (u32, u32);
-    asm!(
-        "ld.global.v2.b32 {{{}, {}}}, [{}];",
-        out(reg32) a, out(reg32) b, in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, 0, 0]
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        let (a, b): (u32, u32);
+        asm!(
+            "ld.global.v2.b32 {{{}, {}}}, [{}];",
+            out(reg32) a, out(reg32) b, in(reg64) p,
+            options(readonly, nostack, preserves_flags),
+        );
+        [a, b, 0, 0]
+    }
 }
 
+/// Stores the first two words (8 bytes).
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn st_v2(p: *mut u8, v: Bits) {
-    asm!(
-        "st.global.v2.b32 [{}], {{{}, {}}};",
-        in(reg64) p, in(reg32) v[0], in(reg32) v[1],
-        options(nostack, preserves_flags),
-    );
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!(
+            "st.global.v2.b32 [{}], {{{}, {}}};",
+            in(reg64) p, in(reg32) v[0], in(reg32) v[1],
+            options(nostack, preserves_flags),
+        );
+    }
 }
 
+/// Loads 4 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn ld_b32(p: *const u8) -> u32 {
-    let v: u32;
-    asm!("ld.global.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-    v
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        let v: u32;
+        asm!("ld.global.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+        v
+    }
 }
 
+/// Stores 4 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn st_b32(p: *mut u8, v: u32) {
-    asm!("st.global.b32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack, preserves_flags));
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!("st.global.b32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack, preserves_flags));
+    }
 }
 
+/// Loads 2 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn ld_b16(p: *const u8) -> u16 {
-    let v: u16;
-    asm!("ld.global.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-    v
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        let v: u16;
+        asm!("ld.global.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+        v
+    }
 }
 
+/// Stores 2 bytes.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn st_b16(p: *mut u8, v: u16) {
-    asm!("st.global.b16 [{}], {};", in(reg64) p, in(reg16) v, options(nostack, preserves_flags));
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!("st.global.b16 [{}], {};", in(reg64) p, in(reg16) v, options(nostack, preserves_flags));
+    }
 }
 
 /// Element types: conversion between storage bits and f32.
@@ -236,7 +284,8 @@ impl<T: Elem> Io for Vec16<T> {
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
-        ld_v4(p)
+        // SAFETY: the trait method's contract.
+        unsafe { ld_v4(p) }
     }
     #[inline(always)]
     fn get(w: &Bits, i: usize) -> f32 {
@@ -252,7 +301,10 @@ impl<T: Elem> Io for Vec16<T> {
     }
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
-        st_v4(p, v);
+        // SAFETY: the trait method's contract.
+        unsafe {
+            st_v4(p, v);
+        }
     }
 }
 
@@ -262,7 +314,8 @@ impl<T: Elem> Io for Vec8<T> {
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
-        ld_v2(p)
+        // SAFETY: the trait method's contract.
+        unsafe { ld_v2(p) }
     }
     #[inline(always)]
     fn get(w: &Bits, i: usize) -> f32 {
@@ -274,7 +327,10 @@ impl<T: Elem> Io for Vec8<T> {
     }
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
-        st_v2(p, v);
+        // SAFETY: the trait method's contract.
+        unsafe {
+            st_v2(p, v);
+        }
     }
 }
 
@@ -283,29 +339,42 @@ impl<T: Elem> Io for Vec8<T> {
 fn put_elem<T: Elem>(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
     if T::SIZE == 4 {
         out[i] = T::narrow(v);
-    } else if i % 2 == 0 {
+    } else if i.is_multiple_of(2) {
         *pending = v;
     } else {
         out[i / 2] = T::narrow2(*pending, v);
     }
 }
 
-/// Loads element `i` of type `T` at `p`, as bits.
+/// Loads the bits of one element of type `T` at `p`.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn ld_elem<T: Elem>(p: *const u8) -> u32 {
-    if T::SIZE == 4 {
-        ld_b32(p)
-    } else {
-        ld_b16(p) as u32
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        if T::SIZE == 4 {
+            ld_b32(p)
+        } else {
+            ld_b16(p) as u32
+        }
     }
 }
 
+/// Stores the bits of one element of type `T`.
+///
+/// # Safety
+/// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
 unsafe fn st_elem<T: Elem>(p: *mut u8, b: u32) {
-    if T::SIZE == 4 {
-        st_b32(p, b)
-    } else {
-        st_b16(p, b as u16)
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        if T::SIZE == 4 {
+            st_b32(p, b)
+        } else {
+            st_b16(p, b as u16)
+        }
     }
 }
 
@@ -315,7 +384,8 @@ impl<T: Elem> Io for One<T> {
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
-        [ld_elem::<T>(p), 0, 0, 0]
+        // SAFETY: the trait method's contract.
+        unsafe { [ld_elem::<T>(p), 0, 0, 0] }
     }
     #[inline(always)]
     fn get(w: &Bits, i: usize) -> f32 {
@@ -327,7 +397,10 @@ impl<T: Elem> Io for One<T> {
     }
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
-        st_elem::<T>(p, v[0]);
+        // SAFETY: the trait method's contract.
+        unsafe {
+            st_elem::<T>(p, v[0]);
+        }
     }
 }
 
@@ -337,7 +410,8 @@ impl<T: Elem> Io for Two<T> {
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
-        [ld_elem::<T>(p), ld_elem::<T>(p.add(T::SIZE)), 0, 0]
+        // SAFETY: the trait method's contract.
+        unsafe { [ld_elem::<T>(p), ld_elem::<T>(p.add(T::SIZE)), 0, 0] }
     }
     #[inline(always)]
     fn get(w: &Bits, i: usize) -> f32 {
@@ -349,8 +423,11 @@ impl<T: Elem> Io for Two<T> {
     }
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
-        st_elem::<T>(p, v[0]);
-        st_elem::<T>(p.add(T::SIZE), v[1]);
+        // SAFETY: the trait method's contract.
+        unsafe {
+            st_elem::<T>(p, v[0]);
+            st_elem::<T>(p.add(T::SIZE), v[1]);
+        }
     }
 }
 
@@ -362,29 +439,32 @@ impl<T: Elem> Io for Two<T> {
 /// written during the kernel.
 #[inline(always)]
 pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
-    let mut v = [0.0f32; 8];
-    match n {
-        1 => {
-            asm!("ld.global.nc.f32 {}, [{}];", out(reg32) v[0], in(reg64) p, options(readonly, nostack, preserves_flags))
-        }
-        2 => asm!(
-            "ld.global.nc.v2.f32 {{{}, {}}}, [{}];",
-            out(reg32) v[0], out(reg32) v[1], in(reg64) p,
-            options(readonly, nostack, preserves_flags),
-        ),
-        _ => {
-            for h in 0..n / 4 {
-                let (a, b, c, d): (f32, f32, f32, f32);
-                asm!(
-                    "ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{}];",
-                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p.add(4 * h),
-                    options(readonly, nostack, preserves_flags),
-                );
-                v[4 * h..4 * h + 4].copy_from_slice(&[a, b, c, d]);
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        let mut v = [0.0f32; 8];
+        match n {
+            1 => {
+                asm!("ld.global.nc.f32 {}, [{}];", out(reg32) v[0], in(reg64) p, options(readonly, nostack, preserves_flags))
+            }
+            2 => asm!(
+                "ld.global.nc.v2.f32 {{{}, {}}}, [{}];",
+                out(reg32) v[0], out(reg32) v[1], in(reg64) p,
+                options(readonly, nostack, preserves_flags),
+            ),
+            _ => {
+                for h in 0..n / 4 {
+                    let (a, b, c, d): (f32, f32, f32, f32);
+                    asm!(
+                        "ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{}];",
+                        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p.add(4 * h),
+                        options(readonly, nostack, preserves_flags),
+                    );
+                    v[4 * h..4 * h + 4].copy_from_slice(&[a, b, c, d]);
+                }
             }
         }
+        v
     }
-    v
 }
 
 /// Loads the bits of one read-only element of type `T` at `p` (read-only cache).
@@ -393,64 +473,18 @@ pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
 /// `p` is a valid, aligned global address not written during the kernel.
 #[inline(always)]
 pub unsafe fn load_elem_nc<T: Elem>(p: *const u8) -> u32 {
-    if T::SIZE == 4 {
-        let v: u32;
-        asm!("ld.global.nc.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-        v
-    } else {
-        let v: u16;
-        asm!("ld.global.nc.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-        v as u32
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        if T::SIZE == 4 {
+            let v: u32;
+            asm!("ld.global.nc.b32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+            v
+        } else {
+            let v: u16;
+            asm!("ld.global.nc.b16 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags));
+            v as u32
+        }
     }
-}
-
-/// Loads a read-only global i32.
-///
-/// # Safety
-/// `p` is a valid, aligned global address not written during the kernel.
-#[inline(always)]
-pub unsafe fn load_i32(p: *const i32) -> i32 {
-    let v: i32;
-    asm!("ld.global.nc.s32 {}, [{}];", out(reg32) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-    v
-}
-
-/// Loads a read-only global i64.
-///
-/// # Safety
-/// As [`load_i32`].
-#[inline(always)]
-pub unsafe fn load_i64(p: *const i64) -> i64 {
-    let v: i64;
-    asm!("ld.global.nc.s64 {}, [{}];", out(reg64) v, in(reg64) p, options(readonly, nostack, preserves_flags));
-    v
-}
-
-/// `atomicMin` on a global u64.
-///
-/// # Safety
-/// `p` is a valid, 8-byte aligned global address.
-#[inline(always)]
-pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
-    asm!("red.global.min.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
-}
-
-/// `atomicMax` on a global u64.
-///
-/// # Safety
-/// As [`atomic_min_u64`].
-#[inline(always)]
-pub unsafe fn atomic_max_u64(p: *mut u64, v: u64) {
-    asm!("red.global.max.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
-}
-
-/// `atomicAdd` on a global u64.
-///
-/// # Safety
-/// As [`atomic_min_u64`].
-#[inline(always)]
-pub unsafe fn atomic_add_u64(p: *mut u64, v: u64) {
-    asm!("red.global.add.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack, preserves_flags));
 }
 
 #[panic_handler]

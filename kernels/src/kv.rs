@@ -1,92 +1,65 @@
-//! KV-cache entry points: RoPE on the new keys (and optionally the queries) and the append
-//! of keys and values into a contiguous or paged cache, in one launch (see [`KvParams`]).
+//! The bodies of the KV-cache entry points: RoPE on the new keys (and optionally the
+//! queries) and the append of keys and values into a contiguous or paged cache, in one
+//! launch (see [`KvParams`]); and the claims of the calls too large to scan.
 
-use crate::entry::{position, ElemTable, Entries, F32Table, GptJ, NeoX, Rows, Style, TableElem, Tables};
-use crate::gpu::{
-    atomic_add_u64, atomic_max_u64, atomic_min_u64, block_dim, block_idx, load_i64, sync_threads, thread_idx, Bf16, Io,
-    One, Two, Vec16, Vec8, F16, F32,
-};
-use crate::params::{groups, kv_heads_per_thread, work_item, ErrorRecord, HeadsView, KvParams};
+use crate::gpu::{block_dim, block_idx, thread_idx, Io};
+use crate::mem::sync_threads;
+use crate::params::{groups, work_item, KvParams};
+use crate::rotate::{Entries, Rows, Style, Table, TableElem};
+use crate::views::{Duplicates, HeadsView, SlotOf};
 
-impl Tables for KvParams {
-    #[inline(always)]
-    fn tables(&self) -> [u64; 4] {
-        [self.cos, self.sin, self.cos_lo, self.sin_lo]
+/// The launch's table; KV appends always rotate forward.
+#[inline(always)]
+fn table(p: &KvParams) -> Table<'_> {
+    Table { view: &p.table, sin_sign: 1.0 }
+}
+
+/// Token `t`'s position from its raw position: `None` when out of range (recorded when
+/// `report`).
+///
+/// # Safety
+/// `p.errors` points at this launch's records (when `report`).
+#[inline(always)]
+unsafe fn checked(p: &KvParams, t: u32, raw_pos: i64, report: bool) -> Option<u32> {
+    let pos = p.positions.check(raw_pos);
+    if pos.is_none() && report {
+        // SAFETY: the caller's contract.
+        unsafe { p.errors.position(t, raw_pos) };
     }
-    #[inline(always)]
-    fn half(&self) -> u32 {
-        self.half
-    }
-    #[inline(always)]
-    fn sin_sign(&self) -> f32 {
-        1.0
+    pos
+}
+
+/// Token `t`'s position and slot, from its raw position and raw slot entry: `None` when it
+/// writes nothing. A bad position or slot is recorded as `report` says (positions, slots).
+///
+/// # Safety
+/// As [`checked`].
+#[inline(always)]
+unsafe fn settle(p: &KvParams, t: u32, raw_pos: i64, raw_slot: i64, report: (bool, bool)) -> Option<(u32, u64)> {
+    // SAFETY: the caller's contract.
+    let pos = unsafe { checked(p, t, raw_pos, report.0) }?;
+    match p.cache.slot(|| p.seq_div.div(t), pos, raw_slot) {
+        SlotOf::Slot(n) => Some((pos, n)),
+        SlotOf::Skip => None,
+        SlotOf::OutOfRange(raw) => {
+            if report.1 {
+                // SAFETY: the caller's contract.
+                unsafe { p.errors.slot(t, raw) };
+            }
+            None
+        }
     }
 }
 
-/// Token `t`'s position, or `None` (after recording it when `report`) when out of range.
+/// Token `t`'s raw position and raw slot entry, the slot's load issued first.
+///
+/// # Safety
+/// `t < p.tokens`; the host checked the positions' and slot mapping's lengths.
 #[inline(always)]
-unsafe fn checked_position(p: &KvParams, t: u32, report: bool) -> Option<u32> {
+unsafe fn load_token(p: &KvParams, t: u32) -> (i64, i64) {
     let (b, s) = p.seq_div.divmod(t);
-    let pos = position(p.position_mode, p.positions, t, b, s);
-    if pos >= 0 && pos < p.max_position as i64 {
-        return Some(pos as u32);
-    }
-    if report {
-        record(p.error as *mut ErrorRecord, t, pos);
-    }
-    None
-}
-
-#[inline(always)]
-unsafe fn record(r: *mut ErrorRecord, t: u32, value: i64) {
-    atomic_min_u64(&raw mut (*r).key, ErrorRecord::key(t, value));
-    atomic_add_u64(&raw mut (*r).count, 1);
-}
-
-/// Token `t`'s raw slot mapping entry (0 for contiguous caches), loaded before its position
-/// is known: the two loads overlap.
-#[inline(always)]
-unsafe fn raw_slot(p: &KvParams, t: u32) -> i64 {
-    if p.slots == 0 {
-        0
-    } else {
-        load_i64((p.slots as *const i64).add(t as usize))
-    }
-}
-
-/// Token `t`'s cache slot, given its (valid) position and raw slot entry: `None` for padding
-/// (`-1`) and, after recording it when `report`, for a slot out of range.
-#[inline(always)]
-unsafe fn slot(p: &KvParams, t: u32, pos: u32, raw: i64, report: bool) -> Option<u64> {
-    if p.slots == 0 {
-        // Contiguous: the host checked `max_position <= block_size`.
-        return Some(p.seq_div.div(t) as u64 * p.block_size as u64 + pos as u64);
-    }
-    if raw >= 0 && (raw as u64) < p.num_slots {
-        return Some(raw as u64);
-    }
-    if report && raw != -1 {
-        record((p.error as *mut ErrorRecord).add(1), t, raw);
-    }
-    None
-}
-
-/// The slot token `t` writes, if it writes one (no reports: for scanning other tokens).
-#[inline(always)]
-unsafe fn target(p: &KvParams, t: u32) -> Option<u64> {
-    let raw = raw_slot(p, t);
-    match checked_position(p, t, false) {
-        Some(pos) => slot(p, t, pos, raw, false),
-        None => None,
-    }
-}
-
-/// Whether the owner array names a token other than `t` as the last to write slot `n`.
-#[inline(always)]
-unsafe fn not_owner(p: &KvParams, t: u32, n: u64) -> bool {
-    let mine = (p.epoch as u64) << 32 | t as u64;
-    // Written by `kv_claim`, the previous launch: read-only here.
-    load_i64((p.owner as *const i64).add(n as usize)) as u64 != mine
+    // SAFETY: the caller's contract.
+    unsafe { (p.cache.raw_slot(t), p.positions.load(t, b, s)) }
 }
 
 /// What the block-wide scan of the scanning kernels leaves in shared memory (see
@@ -111,19 +84,19 @@ fn block_tokens(p: &KvParams) -> (u32, u32) {
     (first, if first > last { 0 } else { last - first + 1 })
 }
 
-/// Token `j`'s raw slot entry and position, for the block-wide scan.
-#[inline(always)]
-unsafe fn scan_token(p: &KvParams, j: u32) -> (i64, i64) {
-    let (seq, index) = p.seq_div.divmod(j);
-    (raw_slot(p, j), position(p.position_mode, p.positions, j, seq, index))
-}
+/// A token's (raw slot, raw position), if the token exists.
+type Loaded = Option<(i64, i64)>;
 
 /// The scan's loads for this thread's first two tokens (`thread`, `thread + block_dim`),
-/// issued before anything waits on them.
+/// issued before anything waits on them: (raw slot, raw position) of each.
+///
+/// # Safety
+/// As [`load_token`].
 #[inline(always)]
-unsafe fn scan_loads(p: &KvParams) -> (Option<(i64, i64)>, Option<(i64, i64)>) {
+unsafe fn scan_loads(p: &KvParams) -> (Loaded, Loaded) {
     let (tid, bd) = (thread_idx().0, block_dim().0);
-    let load = |j: u32| (j < p.tokens).then(|| scan_token(p, j));
+    // SAFETY: only tokens below `p.tokens` are loaded.
+    let load = |j: u32| (j < p.tokens).then(|| unsafe { load_token(p, j) });
     (load(tid), load(tid + bd))
 }
 
@@ -131,23 +104,34 @@ unsafe fn scan_loads(p: &KvParams) -> (Option<(i64, i64)>, Option<(i64, i64)>) {
 /// every token's position and slot once (`loaded`: this thread's first two, from
 /// [`scan_loads`]), then its threads compare the later tokens' slots with the block's own
 /// tokens' in parallel (a later token wins a repeated slot).
+///
+/// # Safety
+/// Every thread of the block calls it (it holds barriers), with at least
+/// [`KvParams::shared_bytes`] of dynamic shared memory; as [`load_token`].
 #[inline(always)]
-unsafe fn block_scan(p: &KvParams, loaded: (Option<(i64, i64)>, Option<(i64, i64)>)) -> Shared {
+unsafe fn block_scan(p: &KvParams, loaded: (Loaded, Loaded)) -> Shared {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
-    let s = Shared {
-        positions: base as *mut i64,
-        targets: base.add(tokens),
-        superseded: base.add(2 * tokens) as *mut u32,
-        first: 0,
+    // SAFETY: the dynamic shared memory holds `2 * tokens` u64 and the flags after them.
+    let s = unsafe {
+        Shared {
+            positions: base as *mut i64,
+            targets: base.add(tokens),
+            superseded: base.add(2 * tokens) as *mut u32,
+            first: 0,
+        }
     };
     let (first, count) = block_tokens(p);
     let (tid, bd) = (thread_idx().0, block_dim().0);
-    let store = |j: u32, (raw, pos): (i64, i64)| {
-        let valid = pos >= 0 && pos < p.max_position as i64;
-        let n = if valid { slot(p, j, pos as u32, raw, false) } else { None };
-        *s.positions.add(j as usize) = pos;
-        *s.targets.add(j as usize) = n.unwrap_or(u64::MAX);
+    let store = |j: u32, (raw_slot, raw_pos): (i64, i64)| {
+        // No reports here: the scan sees every token in every block.
+        // SAFETY: nothing is recorded without `report`.
+        let n = unsafe { settle(p, j, raw_pos, raw_slot, (false, false)) }.map(|(_, n)| n);
+        // SAFETY: `j < tokens`: inside the shared arrays.
+        unsafe {
+            *s.positions.add(j as usize) = raw_pos;
+            *s.targets.add(j as usize) = n.unwrap_or(u64::MAX);
+        }
     };
     if let Some(l) = loaded.0 {
         store(tid, l);
@@ -158,94 +142,102 @@ unsafe fn block_scan(p: &KvParams, loaded: (Option<(i64, i64)>, Option<(i64, i64
     // Blocks smaller than half the scan's tokens: the rest, one at a time.
     let mut j = tid + 2 * bd;
     while j < p.tokens {
-        store(j, scan_token(p, j));
+        // SAFETY: `j < tokens`.
+        store(j, unsafe { load_token(p, j) });
         j += bd;
     }
     if tid < count {
-        *s.superseded.add(tid as usize) = 0;
+        // SAFETY: `tid < count <= block_dim`: a flag of the block's.
+        unsafe { *s.superseded.add(tid as usize) = 0 };
     }
-    sync_threads();
+    // SAFETY: the caller's contract: every thread of the block is here.
+    unsafe { sync_threads() };
     let mut j = first + 1 + tid;
     while j < p.tokens {
-        let n = *s.targets.add(j as usize);
-        if n != u64::MAX {
-            for k in 0..count.min(j - first) {
-                if *s.targets.add((first + k) as usize) == n {
-                    s.superseded.add(k as usize).write_volatile(1);
+        // SAFETY: `j < tokens`, and `k < count`: inside the shared arrays.
+        unsafe {
+            let n = *s.targets.add(j as usize);
+            if n != u64::MAX {
+                for k in 0..count.min(j - first) {
+                    if *s.targets.add((first + k) as usize) == n {
+                        s.superseded.add(k as usize).write_volatile(1);
+                    }
                 }
             }
         }
         j += bd;
     }
-    sync_threads();
+    // SAFETY: as above.
+    unsafe { sync_threads() };
     Shared { first, ..s }
 }
 
 /// Where token `t` goes: its position and slot, unless it is skipped (out of range, padding,
 /// or, for keys and values, a later token writes the same slot). Reports go to the records
-/// when `report_position` / `report_slot`.
-struct Target {
-    pos: u32,
-    slot: u64,
-}
-
-/// [`Target`] from the block-wide scan.
+/// as `report` says (positions, slots).
+///
+/// # Safety
+/// `s` came from [`block_scan`] of this launch and `t` is one of the block's tokens.
 #[inline(always)]
-unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (bool, bool)) -> Option<Target> {
-    let pos = *s.positions.add(t as usize);
-    if pos < 0 || pos >= p.max_position as i64 {
-        if report.0 {
-            record(p.error as *mut ErrorRecord, t, pos);
-        }
-        return None;
-    }
+unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (bool, bool)) -> Option<(u32, u64)> {
+    // SAFETY: the caller's contract: `t` is inside the shared arrays; `errors` points at
+    // this launch's records.
+    let raw_pos = unsafe { *s.positions.add(t as usize) };
+    // SAFETY: as above.
+    let pos = unsafe { checked(p, t, raw_pos, report.0) }?;
     if !kv {
-        return Some(Target { pos: pos as u32, slot: 0 });
+        return Some((pos, 0));
     }
-    let n = *s.targets.add(t as usize);
+    // SAFETY: as above.
+    let n = unsafe { *s.targets.add(t as usize) };
     if n == u64::MAX {
         if report.1 {
             // Padding or out of range: only the latter is reported.
-            slot(p, t, pos as u32, raw_slot(p, t), true);
+            // SAFETY: `t < tokens`; `errors` as above.
+            unsafe { settle(p, t, raw_pos, p.cache.raw_slot(t), (false, true)) };
         }
         return None;
     }
-    if *s.superseded.add((t - s.first) as usize) != 0 {
+    // SAFETY: `t` is one of the block's tokens: its flag exists.
+    if unsafe { *s.superseded.add((t - s.first) as usize) } != 0 {
         return None;
     }
-    Some(Target { pos: pos as u32, slot: n })
+    Some((pos, n))
 }
 
 /// Fused RoPE + KV append for one lane of one head group of one token; `R` moves rotating
-/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. With `SCAN` and no
-/// owner array, the block settles duplicates itself ([`block_scan`]); otherwise the owner
-/// array does (the host passes one to the kernels without `SCAN`).
+/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. With `SCAN` and
+/// [`Duplicates::Scan`], the block settles duplicates itself ([`block_scan`]); otherwise the
+/// owner array does (the host claims for the kernels without `SCAN`).
 ///
 /// # Safety
-/// The host checked every view and both caches against their buffers, the slots and owner
-/// arrays' lengths, that nothing written overlaps anything else the launch touches, the
-/// tables' size, alignment for `R` and `C`, that the geometry was made with this `G`, and,
-/// for the scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
+/// The host checked every view and both caches against their buffers, the positions' and
+/// slot mapping's lengths and the owner array's, that nothing written overlaps anything else
+/// the launch touches, that the positions view admits only rows of the table, alignment for
+/// `R` and `C`, that the geometry was made with this `G`, that there is work, and, for the
+/// scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
 #[inline(always)]
-unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const SCAN: bool>(p: &KvParams) {
+pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const SCAN: bool>(p: &KvParams) {
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let (qi, ki, vi) = (gq * p.rot_lanes, gk * p.k_lanes, gk * p.v_lanes);
     let items = qi + ki + vi;
     // SAFETY: the host never launches without work or with `seq == 0` or zero lanes.
-    core::hint::assert_unchecked(items != 0);
-    core::hint::assert_unchecked(p.seq != 0);
-    core::hint::assert_unchecked(p.rot_lanes != 0);
-    core::hint::assert_unchecked(p.k_lanes != 0);
-    core::hint::assert_unchecked(p.v_lanes != 0);
-    core::hint::assert_unchecked(p.block_size != 0);
-    core::hint::assert_unchecked(p.chunk != 0);
+    unsafe {
+        core::hint::assert_unchecked(items != 0);
+        core::hint::assert_unchecked(p.seq != 0);
+        core::hint::assert_unchecked(p.rot_lanes != 0);
+        core::hint::assert_unchecked(p.k_lanes != 0);
+        core::hint::assert_unchecked(p.v_lanes != 0);
+        core::hint::assert_unchecked(p.cache.block_size() != 0);
+        core::hint::assert_unchecked(p.chunk != 0);
+    }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, p.items_div, p.chunk, p.tokens);
-    let shared = SCAN && p.owner == 0;
+    let shared = SCAN && p.owners.mode() == Duplicates::Scan;
     // Decode the item and load the data it reads: neither depends on the position or slot.
     let (t, w) = item.unwrap_or((0, 0));
     let (b, s) = p.seq_div.divmod(t);
     let (b, s) = (b as u64, s as u64);
-    let half = p.half as usize;
+    let half = p.table.half() as usize;
     let (is_q, is_k) = (w < qi, w >= qi && w < qi + ki);
     // Chosen by value: a reference into one of three views would put the parameters in
     // local memory.
@@ -275,7 +267,9 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     let src_step = strides[2] as usize * R::SIZE;
     let rotating = is_q || (is_k && lane < p.rot_lanes as usize);
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
-    let first = if item.is_some() && rotating { S::load::<R>(&rows, 0, lane, half) } else { [[0; 4]; 2] };
+    // SAFETY: the host checked the views against their buffers: a rotating lane's elements
+    // lie in the row.
+    let first = if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
     // A copying lane's first head is loaded now too: its store then waits on the position,
     // slot and owner only, not on a load issued after them.
     let copy_at = match (rotating, is_k) {
@@ -283,7 +277,8 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
         (false, true) => (2 * half + (lane - p.rot_lanes as usize) * C::E) * C::SIZE,
         (false, false) => lane * C::E * C::SIZE,
     };
-    let first_copy = if item.is_some() && !rotating { C::load_raw(rows.src(0, copy_at)) } else { [0; 4] };
+    // SAFETY: a copying lane's elements lie in the row (past the rotary dims for keys).
+    let first_copy = if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
@@ -291,127 +286,90 @@ unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const 
     let target = if shared {
         // The scan's loads first; then the rotating items load their position and table
         // entries, which overlap the scan's barriers.
-        let loaded = scan_loads(p);
+        // SAFETY: the host checked the positions' and slot mapping's lengths.
+        let loaded = unsafe { scan_loads(p) };
         if item.is_some() && rotating {
-            let own = position(p.position_mode, p.positions, t, b as u32, s as u32);
-            if own >= 0 && own < p.max_position as i64 {
-                entries = S::entries::<R, B>(lane, own as usize, p);
+            // SAFETY: `t` is a token of the launch.
+            let own = unsafe { p.positions.load(t, b as u32, s as u32) };
+            if let Some(pos) = p.positions.check(own) {
+                // SAFETY: the positions view admits only rows of the table.
+                entries = unsafe { S::entries::<R, B>(lane, pos as usize, table(p)) };
             }
         }
-        let scan = block_scan(p, loaded);
+        // SAFETY: every thread of the block reaches the scan (none has returned), with the
+        // shared memory the host gave the scanning kernels.
+        let scan = unsafe { block_scan(p, loaded) };
         if item.is_none() {
             return;
         }
-        shared_target(p, &scan, t, !is_q, report)
+        // SAFETY: `t` is one of the block's tokens.
+        unsafe { shared_target(p, &scan, t, !is_q, report) }
     } else {
         if item.is_none() {
             return;
         }
-        let raw = if is_q { 0 } else { raw_slot(p, t) };
-        match checked_position(p, t, report.0) {
-            Some(pos) if is_q => Some(Target { pos, slot: 0 }),
-            Some(pos) => slot(p, t, pos, raw, report.1).map(|slot| Target { pos, slot }),
-            None => None,
+        // SAFETY: `t` is a token of the launch; `errors` points at this launch's records.
+        unsafe {
+            let raw_slot = if is_q { 0 } else { p.cache.raw_slot(t) };
+            let raw_pos = p.positions.load(t, b as u32, s as u32);
+            match is_q {
+                true => checked(p, t, raw_pos, report.0).map(|pos| (pos, 0)),
+                false => settle(p, t, raw_pos, raw_slot, report),
+            }
         }
     };
-    let Some(Target { pos, slot: n }) = target else { return };
-    core::hint::assert_unchecked(count >= 1 && count <= G);
+    let Some((pos, n)) = target else { return };
+    // SAFETY: as computed above.
+    unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
     if rotating && !shared {
         // Without the scan the table loads overlap the owner check.
-        entries = S::entries::<R, B>(lane, pos as usize, p);
+        // SAFETY: the positions view admits only rows of the table.
+        entries = unsafe { S::entries::<R, B>(lane, pos as usize, table(p)) };
     }
     if is_q {
         // q, in place.
-        let base = src as *mut u8;
-        let rows = Rows { src, dst: base, src_step, dst_step: src_step, count };
-        S::apply::<R, B>(rows, first, lane, &entries, p);
+        let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
+        // SAFETY: q's rows are in its buffer, written by this item alone.
+        unsafe { S::apply::<R, B>(rows, first, lane, &entries, table(p)) };
         return;
     }
-    if !shared && not_owner(p, t, n) {
+    // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
+    if !shared && !unsafe { p.owners.owns(n, t) } {
         return;
     }
-    let cache = if is_k { p.k_cache } else { p.v_cache };
-    let (block, within) = p.block_div.divmod(n as u32);
-    let row = block as u64 * p.cache_strides[0] + within as u64 * p.cache_strides[1] + h0 * p.cache_strides[2];
-    let dst = (cache as *mut u8).wrapping_add(row as usize * R::SIZE);
-    let rows = Rows { src, dst, src_step, dst_step: p.cache_strides[2] as usize * R::SIZE, count };
+    let cache = if is_k { p.cache.k() } else { p.cache.v() };
+    let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * R::SIZE);
+    let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * R::SIZE, count };
     if rotating {
-        S::apply::<R, B>(rows, first, lane, &entries, p);
+        // SAFETY: slot `n` is in the cache; this token alone writes it.
+        unsafe { S::apply::<R, B>(rows, first, lane, &entries, table(p)) };
     } else {
         // k past rotary_dim, and v: copy the bits.
-        rows.copy::<C>(first_copy, copy_at);
+        // SAFETY: as above.
+        unsafe { rows.copy::<C>(first_copy, copy_at) };
     }
 }
 
-/// Records, for each slot, the last token (of this call, tagged with `epoch`) that writes it.
+/// Records, for each slot, the last token of this call that writes it (`kv_claim`).
 ///
 /// # Safety
-/// Launched by the host with one thread per token and an owner array of `num_slots` u64.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn kv_claim(p: KvParams) {
-    core::hint::assert_unchecked(p.seq != 0);
+/// Launched by the host with one thread per token and an owner array of `num_slots` u64
+/// tagged for this call.
+#[inline(always)]
+pub(crate) unsafe fn claim(p: &KvParams) {
+    // SAFETY: the host never launches with `seq == 0`.
+    unsafe { core::hint::assert_unchecked(p.seq != 0) };
     let t = block_idx().0 * block_dim().0 + thread_idx().0;
     if t >= p.tokens {
         return;
     }
-    if let Some(n) = target(&p, t) {
-        atomic_max_u64((p.owner as *mut u64).add(n as usize), (p.epoch as u64) << 32 | t as u64);
+    // SAFETY: `t < tokens`; nothing is recorded without `report`.
+    let target = unsafe {
+        let (raw_slot, raw_pos) = load_token(p, t);
+        settle(p, t, raw_pos, raw_slot, (false, false))
+    };
+    if let Some((_, n)) = target {
+        // SAFETY: `n < num_slots`, the owner array's length.
+        unsafe { p.owners.claim(n, t) };
     }
-}
-
-/// Defines one entry point per (style, dtype, width, tables). `_v`: 16-byte accesses, several
-/// heads per thread, owner array only; `_p`: 16 bytes, one head per thread, owner array only;
-/// `_d`: 8 bytes, one head per thread, block scan or owner array (few tokens: half the work
-/// per thread); `_s`: element by element, either. `_t`: the caller's tables (the reference
-/// operation).
-macro_rules! kv_kernels {
-    ($($name:ident: $style:ty, $rot:ty, $copy:ty, $table:ty, $g:expr, $scan:expr;)*) => {$(
-        /// KV-cache entry point; see [`KvParams`] for the mapping and [`kv_append`] for the
-        /// contract.
-        ///
-        /// # Safety
-        /// Launched only by the host library, after its checks.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(p: KvParams) {
-            const G: usize = $g as usize;
-            kv_append::<$style, $rot, $copy, $table, G, $scan>(&p)
-        }
-    )*};
-}
-
-const V4: u32 = kv_heads_per_thread(true, false, 4);
-const V2: u32 = kv_heads_per_thread(true, false, 2);
-const GPTJ: u32 = kv_heads_per_thread(true, true, 2);
-
-kv_kernels! {
-    kv_neox_f32_v: NeoX, Vec16<F32>, Vec16<F32>, F32Table, V4, false;
-    kv_neox_f32_p: NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
-    kv_neox_f32_d: NeoX, Vec8<F32>, Vec8<F32>, F32Table, 1, true;
-    kv_neox_f32_s: NeoX, One<F32>, One<F32>, F32Table, 1, true;
-    kv_neox_f16_v: NeoX, Vec16<F16>, Vec16<F16>, F32Table, V2, false;
-    kv_neox_f16_p: NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
-    kv_neox_f16_d: NeoX, Vec8<F16>, Vec8<F16>, F32Table, 1, true;
-    kv_neox_f16_s: NeoX, One<F16>, One<F16>, F32Table, 1, true;
-    kv_neox_bf16_v: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, V2, false;
-    kv_neox_bf16_p: NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
-    kv_neox_bf16_d: NeoX, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true;
-    kv_neox_bf16_s: NeoX, One<Bf16>, One<Bf16>, F32Table, 1, true;
-    kv_gptj_f32_v: GptJ, Vec16<F32>, Vec16<F32>, F32Table, GPTJ, false;
-    kv_gptj_f32_p: GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, false;
-    kv_gptj_f32_d: GptJ, Vec8<F32>, Vec8<F32>, F32Table, 1, true;
-    kv_gptj_f32_s: GptJ, Two<F32>, One<F32>, F32Table, 1, true;
-    kv_gptj_f16_v: GptJ, Vec16<F16>, Vec16<F16>, F32Table, GPTJ, false;
-    kv_gptj_f16_p: GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, false;
-    kv_gptj_f16_d: GptJ, Vec8<F16>, Vec8<F16>, F32Table, 1, true;
-    kv_gptj_f16_s: GptJ, Two<F16>, One<F16>, F32Table, 1, true;
-    kv_gptj_bf16_v: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, GPTJ, false;
-    kv_gptj_bf16_p: GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false;
-    kv_gptj_bf16_d: GptJ, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true;
-    kv_gptj_bf16_s: GptJ, Two<Bf16>, One<Bf16>, F32Table, 1, true;
-    kv_gptj_f16_v_t: GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, GPTJ, false;
-    kv_gptj_f16_d_t: GptJ, Vec8<F16>, Vec8<F16>, ElemTable<F16>, 1, true;
-    kv_gptj_f16_s_t: GptJ, Two<F16>, One<F16>, ElemTable<F16>, 1, true;
-    kv_gptj_bf16_v_t: GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, GPTJ, false;
-    kv_gptj_bf16_d_t: GptJ, Vec8<Bf16>, Vec8<Bf16>, ElemTable<Bf16>, 1, true;
-    kv_gptj_bf16_s_t: GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, 1, true;
 }

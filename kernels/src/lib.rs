@@ -2,17 +2,23 @@
 //!
 //! Built twice: for `nvptx64-nvidia-cuda` by the host crate's `build.rs` (that build is
 //! `no_std` and yields the PTX), and for the host as an ordinary dependency, so that the
-//! host launches kernels with exactly the `#[repr(C)]` parameter structs the device reads
-//! and shares the pure math with the CPU reference.
+//! host launches kernels with exactly the `#[repr(C)]` parameter structs the device reads,
+//! decodes them with the same methods in its tests, and shares the pure math with the CPU
+//! reference.
 //!
 //! Layout of this crate:
-//! - [`params`]: one `#[repr(C)]` struct per kernel, passed by value at launch;
-//! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike;
-//! - `gpu` (device only): the few intrinsics the kernels need, standing in for `cuda_std`;
-//! - `entry` (device only): the RoPE `extern "ptx-kernel"` entry points, which only map
-//!   threads to work and call into [`math`];
-//! - `kv` (device only): the KV-cache entry points (fused RoPE + append, and its claims);
-//! - `bench` (device only): an empty kernel and a spin, for the benchmarks' yardsticks.
+//! - [`views`]: the contract: views of tables, positions, caches, owner arrays and error
+//!   records, embedded in the parameter structs, with the methods that decode them;
+//! - [`params`]: one `#[repr(C)]` struct per kernel, passed by value at launch, and the
+//!   thread mapping ([`params::work_item`]) both sides compute;
+//! - [`keys`] and [`entries`]: typed kernel keys and the one list of entry points, from which
+//!   the device functions and the host's registry both come;
+//! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike; [`div`]: division
+//!   by launch constants;
+//! - [`mem`]: the loads and atomics of the views, for both sides;
+//! - device only: `gpu` (the intrinsics and memory accesses the kernels need, standing in for
+//!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope` and
+//!   `kv` (the bodies of the RoPE and KV-cache entry points), `bench` (benchmark yardsticks).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -28,15 +34,25 @@
 )]
 // `core_intrinsics` only for `core::intrinsics::gpu` (dynamic shared memory).
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#![warn(missing_docs)]
 
+pub mod div;
+pub mod entries;
+pub mod keys;
 pub mod math;
+pub mod mem;
 pub mod params;
+pub mod views;
 
 #[cfg(target_arch = "nvptx64")]
 mod bench;
 #[cfg(target_arch = "nvptx64")]
-mod entry;
-#[cfg(target_arch = "nvptx64")]
 mod gpu;
 #[cfg(target_arch = "nvptx64")]
 mod kv;
+#[cfg(target_arch = "nvptx64")]
+mod rope;
+#[cfg(target_arch = "nvptx64")]
+mod rotate;

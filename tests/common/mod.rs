@@ -10,7 +10,7 @@ use rope_cuda::Kernels;
 
 /// A context, the loaded kernels and a stream.
 pub struct Gpu {
-    pub kernels: Kernels,
+    pub kernels: std::sync::Arc<Kernels>,
     pub stream: Stream,
     // Dropped last.
     pub _ctx: Context,

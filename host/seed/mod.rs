@@ -1,8 +1,19 @@
-//! The first reference operation, exactly: `Model(dim, max_seq_len, base).forward(q, k)`.
+//! The two reference operations the project started from, exactly, as thin layers over
+//! [`Rope`] and the fused append.
 //!
-//! The seed was a PyTorch module holding `cos`/`sin` of `n * inv_freq[d % (dim / 2)]` for
-//! `n < max_seq_len`, whose `forward` rotated q and k of shape `[B, H, N, D]` at positions
-//! `0..N` in rotate-half style: `out = x * cos + rotate_half(x) * sin`.
+//! - [`RotaryModel`]: the seed's `Model(dim, max_seq_len, base).forward(q, k)`, a PyTorch
+//!   module holding `cos`/`sin` of `n * inv_freq[d % (dim / 2)]` for `n < max_seq_len`, whose
+//!   `forward` rotated q and k of shape `[B, H, N, D]` at positions `0..N` in rotate-half
+//!   style: `out = x * cos + rotate_half(x) * sin`.
+//! - [`KvUpdate`]: `update_kv_cache(k_new, v_new, cos, sin, cache_k, cache_v, positions)`,
+//!   interleaved RoPE on new keys with the caller's tables, scattered with the values into
+//!   copies of both caches, returned stacked.
+
+mod update;
+
+pub use update::{KvShape, KvUpdate};
+
+use std::sync::Arc;
 
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
@@ -23,7 +34,8 @@ use crate::tensor::{Positions, Tensor, TensorMut};
 /// ```no_run
 /// use cust::memory::DeviceBuffer;
 /// use cust::stream::{Stream, StreamFlags};
-/// use rope_cuda::{Kernels, RotaryModel};
+/// use rope_cuda::Kernels;
+/// use rope_cuda::seed::RotaryModel;
 ///
 /// let _ctx = cust::quick_init()?;
 /// let kernels = Kernels::load()?;
@@ -38,8 +50,8 @@ use crate::tensor::{Positions, Tensor, TensorMut};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct RotaryModel<'k> {
-    rope: Rope<'k>,
+pub struct RotaryModel {
+    rope: Rope,
 }
 
 /// A validated `[batch, heads, seq, head_dim]` shape.
@@ -62,9 +74,9 @@ impl Bhnd {
     }
 }
 
-impl<'k> RotaryModel<'k> {
+impl RotaryModel {
     /// Builds the table for `head_dim = dim`, positions `0..max_seq_len` and `base`.
-    pub fn new(kernels: &'k Kernels, dim: usize, max_seq_len: usize, base: f64) -> Result<Self> {
+    pub fn new(kernels: &Arc<Kernels>, dim: usize, max_seq_len: usize, base: f64) -> Result<Self> {
         Ok(RotaryModel { rope: Rope::new(kernels, RopeConfig::new(dim, max_seq_len).base(base))? })
     }
 

@@ -1,0 +1,237 @@
+//! The launch core every operation goes through: the operand checks (bounds, alignment,
+//! overlap, 32-bit limits, positions), the access width and lanes, the views handed to the
+//! kernels, the geometry of the shared thread mapping, and the path from a planned launch to
+//! the stream ([`Core`]: device checks, graph refusals, the launch, checked mode). An
+//! operation's own file describes its arguments and its parameters in terms of these.
+
+use std::sync::Arc;
+
+use cust::sys as cuda;
+use rope_cuda_kernels::entries::Key;
+use rope_cuda_kernels::keys::RopeStyle;
+use rope_cuda_kernels::views::{HeadsView, PositionKind, PositionsView, TableView};
+
+use crate::error::{driver, Error, Result};
+use crate::kernels::{Geometry, Kernels};
+use crate::layout::{disjoint, Layout};
+use crate::records::Records;
+use crate::tensor::{RawPositions, RawTensor};
+
+/// Threads per block: small blocks leave the fewest registers unused per SM. The build-time
+/// variable `ROPE_CUDA_BLOCK_THREADS` (a multiple of 32 up to 1024) overrides it, a tuning
+/// knob for benchmarks.
+pub(crate) const BLOCK_THREADS: u32 = match option_env!("ROPE_CUDA_BLOCK_THREADS") {
+    Some(v) => parse_threads(v),
+    None => 128,
+};
+
+const fn parse_threads(v: &str) -> u32 {
+    let (mut n, mut i) = (0u32, 0);
+    while i < v.len() {
+        let d = v.as_bytes()[i];
+        assert!(d.is_ascii_digit() && n < 1024, "ROPE_CUDA_BLOCK_THREADS must be a number");
+        n = n * 10 + (d - b'0') as u32;
+        i += 1;
+    }
+    assert!(n % 32 == 0 && n > 0 && n <= 1024, "ROPE_CUDA_BLOCK_THREADS must be a multiple of 32 up to 1024");
+    n
+}
+
+/// The view lies inside its buffer, and its address is aligned to its elements.
+pub(crate) fn check_view(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {
+    let extent = t.layout.extent().unwrap_or(usize::MAX);
+    if extent > t.len {
+        return Err(Error::OutOfBounds { what, extent, len: t.len });
+    }
+    if t.ptr % size as u64 != 0 {
+        return Err(Error::Alignment { what, address: t.ptr, align: size });
+    }
+    Ok(())
+}
+
+/// A written view has no two elements at one address.
+pub(crate) fn check_written(what: &'static str, l: &Layout) -> Result<()> {
+    match l.is_non_overlapping() {
+        true => Ok(()),
+        false => Err(Error::Overlap { what, shape: l.shape, strides: l.strides }),
+    }
+}
+
+/// Two views share no element.
+pub(crate) fn check_disjoint(a: (&'static str, &RawTensor), b: (&'static str, &RawTensor), size: usize) -> Result<()> {
+    match disjoint((a.1.ptr, &a.1.layout), (b.1.ptr, &b.1.layout), size) {
+        true => Ok(()),
+        false => Err(Error::Aliasing { a: a.0, b: b.0 }),
+    }
+}
+
+/// Axis `axis` of `what` is `expected`.
+pub(crate) fn check_axis(what: &'static str, axis: &'static str, expected: usize, got: usize) -> Result<()> {
+    match expected == got {
+        true => Ok(()),
+        false => Err(Error::Shape { what, axis, expected, got }),
+    }
+}
+
+/// Each quantity fits the kernels' 32-bit arithmetic.
+pub(crate) fn check_u32(values: &[(&'static str, usize)]) -> Result<()> {
+    for &(what, value) in values {
+        if value > u32::MAX as usize {
+            return Err(Error::TooLarge { what, value: value as u64, limit: u32::MAX as u64 });
+        }
+    }
+    Ok(())
+}
+
+/// Checks `positions` for `batch` sequences of `seq` tokens (what can be checked without
+/// reading them: length, alignment, and for sequential positions the range) and returns the
+/// kernels' view of them, admitting `0..limit`.
+pub(crate) fn positions(positions: &RawPositions, batch: usize, seq: usize, limit: usize) -> Result<PositionsView> {
+    let kind = positions.kind;
+    match kind.buffer_len(batch, seq) {
+        None if seq > limit => return Err(Error::MaxPosition { needed: seq, max_position: limit }),
+        None => {}
+        Some(n) if n != positions.len => {
+            let per_sequence = matches!(kind, PositionKind::OffsetsI32 | PositionKind::OffsetsI64);
+            let shape = if per_sequence { vec![batch] } else { vec![batch, seq] };
+            return Err(Error::Length { what: "positions", shape, expected: n, got: positions.len });
+        }
+        Some(_) if positions.ptr % kind.elem_size() as u64 != 0 => {
+            return Err(Error::Alignment { what: "positions", address: positions.ptr, align: kind.elem_size() });
+        }
+        Some(_) => {}
+    }
+    let limit = u32::try_from(limit).map_err(|_| Error::TooLarge {
+        what: "max_position",
+        value: limit as u64,
+        limit: u32::MAX as u64,
+    })?;
+    Ok(PositionsView::new(kind, positions.ptr, limit))
+}
+
+/// Whether 16-byte accesses fit: the style's pairs come in whole 16-byte lanes, head_dim is
+/// whole lanes, and every view's address and strides are multiples of 16 bytes.
+pub(crate) fn vector_fits<'t>(
+    style: RopeStyle,
+    head_dim: usize,
+    rotary_dim: usize,
+    size: usize,
+    views: impl IntoIterator<Item = &'t RawTensor>,
+) -> bool {
+    let e = 16 / size;
+    let pairs_ok = match style {
+        RopeStyle::NeoX => (rotary_dim / 2) % e == 0,
+        RopeStyle::GptJ => rotary_dim % e == 0,
+    };
+    let aligned = |t: &RawTensor| {
+        (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0)
+    };
+    pairs_ok && head_dim % e == 0 && views.into_iter().all(aligned)
+}
+
+/// `(rot_lanes, copy_width)`: rotating lanes per head and elements per copying lane, for
+/// accesses of `e` elements (`vector`) or element by element.
+pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize) -> (usize, usize) {
+    match (vector, style) {
+        (true, RopeStyle::NeoX) => (rotary_dim / 2 / e, e),
+        (true, RopeStyle::GptJ) => (rotary_dim / e, e),
+        (false, _) => (rotary_dim / 2, 1),
+    }
+}
+
+/// A table view without addresses, for planning a launch without a GPU (`validate`, tests).
+pub(crate) fn detached_table(rotary_dim: usize) -> TableView {
+    TableView::new([0; 4], (rotary_dim / 2) as u32)
+}
+
+/// The kernels' view of `input` (and `output`, where the kernel writes through the view).
+pub(crate) fn heads_view(input: &RawTensor, output: Option<&RawTensor>, size: usize) -> HeadsView {
+    let address = |t: &RawTensor| t.ptr + (t.layout.offset * size) as u64;
+    HeadsView {
+        input: address(input),
+        output: output.map_or(0, address),
+        in_strides: input.layout.strides.map(|s| s as u64),
+        out_strides: output.map_or([0; 3], |o| o.layout.strides.map(|s| s as u64)),
+        heads: input.layout.heads() as u32,
+        _pad: 0,
+    }
+}
+
+/// The geometry of [`work_item`](rope_cuda_kernels::params::work_item)'s mapping for
+/// `tokens` tokens of `work` items each, and the tokens per grid row; `None` when there is no
+/// work.
+pub(crate) fn flat_geometry(tokens: u32, work: u64) -> Result<Option<(Geometry, u32)>> {
+    if work == 0 || tokens == 0 {
+        return Ok(None);
+    }
+    // One grid row holds at most 2^31 thread indices, so the kernel's index math stays 32-bit.
+    let row = 1u64 << 31;
+    let too_large = |what, value, limit| Error::TooLarge { what, value, limit };
+    if work > row {
+        return Err(too_large("heads * lanes", work, row));
+    }
+    let chunk = (row / work).min(tokens as u64);
+    let rows = (tokens as u64).div_ceil(chunk);
+    if rows > 65_535 {
+        return Err(too_large("grid rows (tokens * heads * lanes / 2^31)", rows, 65_535));
+    }
+    let blocks = (chunk * work).div_ceil(BLOCK_THREADS as u64);
+    Ok(Some((Geometry { grid: (blocks as u32, rows as u32), block: (BLOCK_THREADS, 1) }, chunk as u32)))
+}
+
+/// What an operation object holds to launch: the kernels and its device records.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub kernels: Arc<Kernels>,
+    pub records: Records,
+}
+
+impl Core {
+    /// The core of a new operation object on `kernels`, in the current context.
+    pub fn new(kernels: &Arc<Kernels>) -> Result<Self> {
+        Ok(Core { kernels: Arc::clone(kernels), records: Records::new()? })
+    }
+
+    /// What comes between a planned launch and the stream: every named buffer is memory of
+    /// the kernels' device, and a checked call (`checked`) is not being recorded.
+    pub fn prepare(&self, buffers: &[(&'static str, u64)], checked: bool) -> Result<()> {
+        self.kernels.check_devices(buffers)?;
+        match checked {
+            // A checked call synchronises after the launch: while recording a graph nothing
+            // has run, so it would report nothing (a capture fails anyway).
+            true => crate::graph::not_while_recording("a call of a checked configuration"),
+            false => Ok(()),
+        }
+    }
+
+    /// Launches `key`; with `checked` (the positions' limit, for the report), then
+    /// synchronises `stream` and reports the records.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`]; [`Core::prepare`] passed for this launch's buffers.
+    pub unsafe fn launch<K: Key>(
+        &self,
+        key: K,
+        geometry: Geometry,
+        shared_bytes: u32,
+        params: &K::Params,
+        stream: cuda::CUstream,
+        checked: Option<usize>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.kernels.launch(key, geometry, shared_bytes, params, stream) }?;
+        if let Some(max_position) = checked {
+            // SAFETY: `stream` is a live stream of the kernels' context.
+            driver("cuStreamSynchronize", unsafe { cuda::cuStreamSynchronize(stream) })?;
+            self.records.take(max_position)?;
+        }
+        Ok(())
+    }
+
+    /// Synchronises `stream`, then reports (and clears) what the records hold.
+    pub fn check_errors(&self, stream: &cust::stream::Stream, max_position: usize) -> Result<()> {
+        crate::graph::not_while_recording("check_errors")?;
+        stream.synchronize()?;
+        self.records.take(max_position)
+    }
+}

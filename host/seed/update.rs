@@ -1,0 +1,203 @@
+//! The second reference operation, exactly: `update_kv_cache(k_new, v_new, cos, sin,
+//! cache_k, cache_v, positions)`, built on the fused append's plan and kernels with the
+//! caller's tables.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use cust::memory::DeviceSlice;
+use cust::stream::Stream;
+use cust::sys as cuda;
+use rope_cuda_kernels::keys::TableSource;
+use rope_cuda_kernels::views::TableView;
+
+use crate::config::{DType, RopeStyle};
+use crate::error::{driver, Error, Result};
+use crate::kernels::Kernels;
+use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache};
+use crate::launch::Core;
+use crate::layout::Layout;
+use crate::tensor::{Element, PositionKind, RawPositions, RawTensor};
+
+/// The shape of the reference KV-cache update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Sequences, `B`.
+    pub batch: usize,
+    /// New tokens per sequence, `T`.
+    pub new_tokens: usize,
+    /// Heads, `H`.
+    pub heads: usize,
+    /// Head dimension, `D` (even).
+    pub head_dim: usize,
+    /// Cache length, `S` (also the rows of the cos/sin tables).
+    pub cache_len: usize,
+}
+
+/// The project's second reference operation, exactly: `update_kv_cache(k_new, v_new, cos,
+/// sin, cache_k, cache_v, positions)`.
+///
+/// ```no_run
+/// # use rope_cuda::Kernels;
+/// # use rope_cuda::seed::{KvShape, KvUpdate};
+/// # use cust::memory::DeviceBuffer;
+/// # use cust::stream::{Stream, StreamFlags};
+/// let _ctx = cust::quick_init()?;
+/// let kernels = Kernels::load()?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let shape = KvShape { batch: 2, new_tokens: 16, heads: 4, head_dim: 32, cache_len: 128 };
+/// let new = DeviceBuffer::from_slice(&vec![0.5f32; 2 * 16 * 4 * 32])?;
+/// let table = DeviceBuffer::from_slice(&vec![1.0f32; 128 * 16])?;
+/// let cache = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 128 * 4 * 32])?;
+/// let positions = DeviceBuffer::from_slice(&(0..32).map(|t| t % 16 + 7).collect::<Vec<i32>>())?;
+/// let mut out = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 2 * 128 * 4 * 32])?;
+/// let update = KvUpdate::new(&kernels)?;
+/// update.update_kv_cache(shape, &new, &new, &table, &table, &cache, &cache, &positions, &mut out, &stream)?;
+/// update.check_errors(&stream)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct KvUpdate {
+    core: Core,
+    /// `S` of the last call, for error reports.
+    cache_len: AtomicUsize,
+}
+
+impl KvUpdate {
+    /// Allocates the error records, in the current context.
+    pub fn new(kernels: &Arc<Kernels>) -> Result<Self> {
+        Ok(KvUpdate { core: Core::new(kernels)?, cache_len: AtomicUsize::new(0) })
+    }
+
+    /// `k_new`, `v_new`: `[B, T, H, D]`; `cos`, `sin`: `[S, D / 2]` (the caller's, in the
+    /// element type; the math is f32); `cache_k`, `cache_v`: `[B, S, H, D]`, not modified;
+    /// `positions`: i32 `[B, T]`; `out`: `[2, B, S, H, D]`, both caches stacked, with each
+    /// token's key rotated in interleaved (GPT-J) pairs by the table row at its position and
+    /// written with its value at that position. A later token wins a repeated position, as
+    /// in the sequential reference. A position outside `0..S` is skipped and recorded
+    /// ([`KvUpdate::check_errors`]).
+    ///
+    /// Every buffer's length must be exactly its shape's; an `Err` means nothing was queued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_kv_cache<T: Element>(
+        &self,
+        shape: KvShape,
+        k_new: &DeviceSlice<T>,
+        v_new: &DeviceSlice<T>,
+        cos: &DeviceSlice<T>,
+        sin: &DeviceSlice<T>,
+        cache_k: &DeviceSlice<T>,
+        cache_v: &DeviceSlice<T>,
+        positions: &DeviceSlice<i32>,
+        out: &mut DeviceSlice<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s } = shape;
+        if d < 2 || d % 2 != 0 {
+            return Err(Error::HeadDim { head_dim: d });
+        }
+        let size = T::DTYPE.size();
+        let n = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).unwrap_or(usize::MAX);
+        let addr = |x: &DeviceSlice<T>| x.as_device_ptr().as_raw();
+        let lengths: [(&'static str, &[usize], usize); 8] = [
+            ("k_new", &[b, t, h, d], k_new.len()),
+            ("v_new", &[b, t, h, d], v_new.len()),
+            ("cos", &[s, d / 2], cos.len()),
+            ("sin", &[s, d / 2], sin.len()),
+            ("cache_k", &[b, s, h, d], cache_k.len()),
+            ("cache_v", &[b, s, h, d], cache_v.len()),
+            ("positions", &[b, t], positions.len()),
+            ("out", &[2, b, s, h, d], out.len()),
+        ];
+        for (what, dims, got) in lengths {
+            if n(dims) != got {
+                return Err(Error::Length { what, shape: dims.to_vec(), expected: n(dims), got });
+            }
+        }
+        let out_range = (addr(out), out.len() * size);
+        let inputs = [
+            ("k_new", addr(k_new), k_new.len()),
+            ("v_new", addr(v_new), v_new.len()),
+            ("cos", addr(cos), cos.len()),
+            ("sin", addr(sin), sin.len()),
+            ("cache_k", addr(cache_k), cache_k.len()),
+            ("cache_v", addr(cache_v), cache_v.len()),
+        ];
+        let pos_range = (positions.as_device_ptr().as_raw(), positions.len() * 4);
+        for (what, ptr, len) in
+            inputs.iter().map(|&(w, p, l)| (w, p, l * size)).chain([("positions", pos_range.0, pos_range.1)])
+        {
+            let (a0, a1, b0, b1) = (out_range.0, out_range.0 + out_range.1 as u64, ptr, ptr + len as u64);
+            if len > 0 && out_range.1 > 0 && a0 < b1 && b0 < a1 {
+                return Err(Error::Aliasing { a: "out", b: what });
+            }
+        }
+        let cache_elems = b * s * h * d;
+        let half_out = addr(out) + (cache_elems * size) as u64;
+        let new_layout = Layout::bshd(b, t, h, d);
+        let cache_layout = Layout::bshd(b, s, h, d);
+        let args = RawKvArgs {
+            dtype: T::DTYPE,
+            q: None,
+            k: RawTensor { ptr: addr(k_new), len: k_new.len(), layout: new_layout },
+            v: RawTensor { ptr: addr(v_new), len: v_new.len(), layout: new_layout },
+            cache: RawKvCache {
+                k: RawTensor { ptr: addr(out), len: cache_elems, layout: cache_layout },
+                v: RawTensor { ptr: half_out, len: cache_elems, layout: cache_layout },
+                paged: false,
+            },
+            positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos_range.0, len: positions.len() },
+            slots: None,
+        };
+        let spec = KvSpec {
+            dtype: T::DTYPE,
+            style: RopeStyle::GptJ,
+            head_dim: d,
+            rotary_dim: d,
+            max_position: s,
+            // f32 tables are in the library kernels' own format; their residual tables are
+            // read only for 16-bit outputs, so f32 launches need none (null here).
+            tables: match T::DTYPE {
+                DType::F32 => TableSource::Library,
+                _ => TableSource::Caller,
+            },
+        };
+        let table = TableView::new([addr(cos), addr(sin), 0, 0], (d / 2) as u32);
+        let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;
+        let buffers = [
+            ("k_new", addr(k_new)),
+            ("v_new", addr(v_new)),
+            ("cos", addr(cos)),
+            ("sin", addr(sin)),
+            ("cache_k", addr(cache_k)),
+            ("cache_v", addr(cache_v)),
+            ("positions", pos_range.0),
+            ("out", addr(out)),
+        ];
+        self.core.prepare(&buffers, false)?;
+        let raw_stream = stream.as_inner();
+        let bytes = cache_elems * size;
+        for (dst, src) in [(addr(out), addr(cache_k)), (half_out, addr(cache_v))] {
+            match crate::graph::record_copy(dst, src, bytes) {
+                Some(recorded) => recorded?,
+                None => {
+                    // SAFETY: the lengths were checked above: both caches hold `cache_elems`
+                    // elements and `out` twice that, and `out` overlaps no input.
+                    let r = unsafe { cuda::cuMemcpyDtoDAsync_v2(dst, src, bytes, raw_stream) };
+                    driver("cuMemcpyDtoDAsync", r)?
+                }
+            }
+        }
+        let Some(plan) = plan else { return Ok(()) };
+        self.cache_len.store(s, Relaxed);
+        // SAFETY: `plan_kv` checked the views against the lengths above; the table lengths
+        // were checked against `S * D / 2`, which covers every position below `S`.
+        unsafe { plan.launch(&self.core, raw_stream, None) }
+    }
+
+    /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
+    /// since the last check.
+    pub fn check_errors(&self, stream: &Stream) -> Result<()> {
+        self.core.check_errors(stream, self.cache_len.load(Relaxed))
+    }
+}

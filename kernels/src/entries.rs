@@ -1,0 +1,147 @@
+//! The one list of entry points. Each line names an entry point, the key the host asks for it
+//! by, and the generic arguments of the body it runs; the macro `entry_points!` makes from it the
+//! `extern "ptx-kernel"` functions (device build), the [`EntryPoint`] enum with every name, and
+//! each key type's [`Key::entry_point`]. Adding a kernel is one line; a key, a name and a
+//! parameter type cannot disagree, since all three come from that line.
+
+use crate::keys::{
+    BenchEmpty, BenchSpin, BenchTouch, ClaimKey, DType, KvKey, KvWidth, RopeKey, RopeStyle, RopeWidth, TableSource,
+};
+use crate::params::{KvParams, RopeParams, Touch};
+
+#[cfg(target_arch = "nvptx64")]
+use crate::{
+    bench::{empty, spin, touch},
+    gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32},
+    kv::{claim, kv_append},
+    params::{heads_per_thread, kv_heads_per_thread},
+    rope::rope,
+    rotate::{ElemTable, F32Table, GptJ, NeoX},
+};
+
+/// A kernel key: the parameters its entry points take, and the entry point of each key.
+pub trait Key: Copy + core::fmt::Debug {
+    /// The one by-value parameter of the key's entry points.
+    type Params: Copy;
+    /// The entry point for this key, if the list has one.
+    fn entry_point(self) -> Option<EntryPoint>;
+}
+
+macro_rules! entry_points {
+    ($(
+        $key:ident($params:ty) => $body:ident {
+            $($name:ident { $($field:ident: $val:path),* } [$($g:tt)*];)*
+        }
+    )*) => {
+        /// Every entry point of the PTX, named as in the PTX.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum EntryPoint { $($(#[doc = concat!("`", stringify!($name), "`")] $name,)*)* }
+
+        impl EntryPoint {
+            /// Every entry point, in the order of the list (`ep as usize` is its index).
+            pub const ALL: &'static [EntryPoint] = &[$($(EntryPoint::$name,)*)*];
+
+            /// The entry point's name in the PTX.
+            pub const fn name(self) -> &'static str {
+                match self { $($(EntryPoint::$name => stringify!($name),)*)* }
+            }
+        }
+
+        $(
+            impl Key for $key {
+                type Params = $params;
+                #[inline]
+                fn entry_point(self) -> Option<EntryPoint> {
+                    #[allow(unreachable_patterns)]
+                    match self {
+                        $($key { $($field: $val),* } => Some(EntryPoint::$name),)*
+                        _ => None,
+                    }
+                }
+            }
+
+            $(
+                /// An entry point of the list in `entries.rs`: the body named there, with the
+                /// generic arguments of its line.
+                ///
+                /// # Safety
+                /// Launched only by the host library, after the checks the body's `# Safety`
+                /// section asks for.
+                #[cfg(target_arch = "nvptx64")]
+                #[no_mangle]
+                pub unsafe extern "ptx-kernel" fn $name(p: $params) {
+                    // SAFETY: the host launches this only after the body's checks.
+                    unsafe { $body::<$($g)*>(&p) }
+                }
+            )*
+        )*
+    };
+}
+
+entry_points! {
+    RopeKey(RopeParams) => rope {
+        rope_neox_f32_s { style: RopeStyle::NeoX, dtype: DType::F32, width: RopeWidth::Scalar } [NeoX, One<F32>, One<F32>, 1];
+        rope_neox_f32_v { style: RopeStyle::NeoX, dtype: DType::F32, width: RopeWidth::Vector } [NeoX, Vec16<F32>, Vec16<F32>, { heads_per_thread(true, true, 4) as usize }];
+        rope_neox_f32_p { style: RopeStyle::NeoX, dtype: DType::F32, width: RopeWidth::Single } [NeoX, Vec16<F32>, Vec16<F32>, 1];
+        rope_neox_f16_s { style: RopeStyle::NeoX, dtype: DType::F16, width: RopeWidth::Scalar } [NeoX, One<F16>, One<F16>, 1];
+        rope_neox_f16_v { style: RopeStyle::NeoX, dtype: DType::F16, width: RopeWidth::Vector } [NeoX, Vec16<F16>, Vec16<F16>, { heads_per_thread(true, true, 2) as usize }];
+        rope_neox_f16_p { style: RopeStyle::NeoX, dtype: DType::F16, width: RopeWidth::Single } [NeoX, Vec16<F16>, Vec16<F16>, 1];
+        rope_neox_bf16_s { style: RopeStyle::NeoX, dtype: DType::BF16, width: RopeWidth::Scalar } [NeoX, One<Bf16>, One<Bf16>, 1];
+        rope_neox_bf16_v { style: RopeStyle::NeoX, dtype: DType::BF16, width: RopeWidth::Vector } [NeoX, Vec16<Bf16>, Vec16<Bf16>, { heads_per_thread(true, true, 2) as usize }];
+        rope_neox_bf16_p { style: RopeStyle::NeoX, dtype: DType::BF16, width: RopeWidth::Single } [NeoX, Vec16<Bf16>, Vec16<Bf16>, 1];
+        rope_gptj_f32_s { style: RopeStyle::GptJ, dtype: DType::F32, width: RopeWidth::Scalar } [GptJ, Two<F32>, One<F32>, 1];
+        rope_gptj_f32_v { style: RopeStyle::GptJ, dtype: DType::F32, width: RopeWidth::Vector } [GptJ, Vec16<F32>, Vec16<F32>, { heads_per_thread(true, false, 4) as usize }];
+        rope_gptj_f32_p { style: RopeStyle::GptJ, dtype: DType::F32, width: RopeWidth::Single } [GptJ, Vec16<F32>, Vec16<F32>, 1];
+        rope_gptj_f16_s { style: RopeStyle::GptJ, dtype: DType::F16, width: RopeWidth::Scalar } [GptJ, Two<F16>, One<F16>, 1];
+        rope_gptj_f16_v { style: RopeStyle::GptJ, dtype: DType::F16, width: RopeWidth::Vector } [GptJ, Vec16<F16>, Vec16<F16>, { heads_per_thread(true, false, 2) as usize }];
+        rope_gptj_f16_p { style: RopeStyle::GptJ, dtype: DType::F16, width: RopeWidth::Single } [GptJ, Vec16<F16>, Vec16<F16>, 1];
+        rope_gptj_bf16_s { style: RopeStyle::GptJ, dtype: DType::BF16, width: RopeWidth::Scalar } [GptJ, Two<Bf16>, One<Bf16>, 1];
+        rope_gptj_bf16_v { style: RopeStyle::GptJ, dtype: DType::BF16, width: RopeWidth::Vector } [GptJ, Vec16<Bf16>, Vec16<Bf16>, { heads_per_thread(true, false, 2) as usize }];
+        rope_gptj_bf16_p { style: RopeStyle::GptJ, dtype: DType::BF16, width: RopeWidth::Single } [GptJ, Vec16<Bf16>, Vec16<Bf16>, 1];
+    }
+    KvKey(KvParams) => kv_append {
+        kv_neox_f32_s { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library } [NeoX, One<F32>, One<F32>, F32Table, 1, true];
+        kv_neox_f32_v { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, { kv_heads_per_thread(true, false, 4) as usize }, false];
+        kv_neox_f32_d { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library } [NeoX, Vec8<F32>, Vec8<F32>, F32Table, 1, true];
+        kv_neox_f32_p { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, 1, false];
+        kv_neox_f16_s { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library } [NeoX, One<F16>, One<F16>, F32Table, 1, true];
+        kv_neox_f16_v { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_neox_f16_d { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library } [NeoX, Vec8<F16>, Vec8<F16>, F32Table, 1, true];
+        kv_neox_f16_p { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, 1, false];
+        kv_neox_bf16_s { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library } [NeoX, One<Bf16>, One<Bf16>, F32Table, 1, true];
+        kv_neox_bf16_v { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_neox_bf16_d { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library } [NeoX, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true];
+        kv_neox_bf16_p { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false];
+        kv_gptj_f32_s { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library } [GptJ, Two<F32>, One<F32>, F32Table, 1, true];
+        kv_gptj_f32_v { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, { kv_heads_per_thread(true, true, 4) as usize }, false];
+        kv_gptj_f32_d { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library } [GptJ, Vec8<F32>, Vec8<F32>, F32Table, 1, true];
+        kv_gptj_f32_p { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, 1, false];
+        kv_gptj_f16_s { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library } [GptJ, Two<F16>, One<F16>, F32Table, 1, true];
+        kv_gptj_f16_v { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_f16_d { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library } [GptJ, Vec8<F16>, Vec8<F16>, F32Table, 1, true];
+        kv_gptj_f16_p { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, 1, false];
+        kv_gptj_bf16_s { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library } [GptJ, Two<Bf16>, One<Bf16>, F32Table, 1, true];
+        kv_gptj_bf16_v { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_bf16_d { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library } [GptJ, Vec8<Bf16>, Vec8<Bf16>, F32Table, 1, true];
+        kv_gptj_bf16_p { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, 1, false];
+        kv_gptj_f16_s_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Caller } [GptJ, Two<F16>, One<F16>, ElemTable<F16>, 1, true];
+        kv_gptj_f16_v_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Caller } [GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_f16_d_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Caller } [GptJ, Vec8<F16>, Vec8<F16>, ElemTable<F16>, 1, true];
+        kv_gptj_bf16_s_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Caller } [GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, 1, true];
+        kv_gptj_bf16_v_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Caller } [GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_bf16_d_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Caller } [GptJ, Vec8<Bf16>, Vec8<Bf16>, ElemTable<Bf16>, 1, true];
+    }
+    ClaimKey(KvParams) => claim {
+        kv_claim {} [];
+    }
+    BenchEmpty(u64) => empty {
+        bench_empty {} [];
+    }
+    BenchSpin(u64) => spin {
+        bench_spin {} [];
+    }
+    BenchTouch(Touch) => touch {
+        bench_touch {} [];
+    }
+}

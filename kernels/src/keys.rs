@@ -1,0 +1,106 @@
+//! Typed kernel keys: what the host asks for (operation, style, dtype, width, …). The list in
+//! [`crate::entries`] maps each key to its entry point.
+
+/// Which elements of a head are paired and rotated together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Rotate-half (GPT-NeoX, Llama, Qwen, …): pair `i` is `(x[i], x[i + rotary_dim / 2])`.
+    NeoX,
+    /// Interleaved (GPT-J, …): pair `i` is `(x[2i], x[2i + 1])`.
+    GptJ,
+}
+
+/// Element type of q, k, v and the caches. The arithmetic is f32 in every case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// `f32`.
+    F32,
+    /// IEEE binary16 (`half::f16`).
+    F16,
+    /// bfloat16 (`half::bf16`).
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+}
+
+/// How a RoPE kernel moves its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeWidth {
+    /// `_s`: element by element (views whose addresses, strides or dims forbid vectors).
+    Scalar,
+    /// `_v`: 16-byte accesses, [`crate::params::heads_per_thread`] heads per thread.
+    Vector,
+    /// `_p`: 16-byte accesses, one head per thread.
+    Single,
+}
+
+/// How a KV kernel moves its rows, and how it settles duplicate slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvWidth {
+    /// `_s`: element by element; duplicates scanned or claimed.
+    Scalar,
+    /// `_v`: 16 bytes, [`crate::params::kv_heads_per_thread`] heads per thread; claimed.
+    Vector,
+    /// `_d`: 8 bytes, one head per thread; scanned or claimed (few tokens).
+    Decode,
+    /// `_p`: 16 bytes, one head per thread; claimed.
+    Prefill,
+}
+
+/// Whose cos/sin tables a KV kernel reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TableSource {
+    /// The library's f32 tables with residuals.
+    Library,
+    /// The caller's tables in the element type, taken as exact (the reference operation).
+    Caller,
+}
+
+/// A RoPE kernel (`rope_{style}_{dtype}_{width}`), parameters [`crate::params::RopeParams`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RopeKey {
+    /// Pairing.
+    pub style: RopeStyle,
+    /// Element type.
+    pub dtype: DType,
+    /// Access width and heads per thread.
+    pub width: RopeWidth,
+}
+
+/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t]`), parameters
+/// [`crate::params::KvParams`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvKey {
+    /// Pairing.
+    pub style: RopeStyle,
+    /// Element type.
+    pub dtype: DType,
+    /// Access width, heads per thread and duplicate handling.
+    pub width: KvWidth,
+    /// Library or caller tables.
+    pub tables: TableSource,
+}
+
+/// `kv_claim`: records the last token of each slot before a claimed KV launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimKey;
+
+/// `bench_empty`: does nothing (a launch's own cost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchEmpty;
+
+/// `bench_spin`: spins for a number of nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchSpin;
+
+/// `bench_touch`: copies 16-byte chunks, one per thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchTouch;

@@ -1,0 +1,76 @@
+//! The body of the RoPE entry points: thread-to-work mapping only (see [`RopeParams`]); the
+//! rotation itself is [`crate::rotate`]'s.
+
+use crate::gpu::{block_dim, block_idx, thread_idx, Io};
+use crate::params::{groups, work_item, RopeParams};
+use crate::rotate::{F32Table, Rows, Style, Table};
+
+/// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
+/// `C` the copying ones.
+///
+/// # Safety
+/// The host checked that every row of both views lies inside its buffer, that outputs do
+/// not overlap anything else the launch touches, that the positions view admits only rows of
+/// the table and its buffer holds every token's entry, that the table holds `half` pairs per
+/// row, that addresses are aligned for `R` and `C`, that the geometry was made with this
+/// kernel's `G`, and that there is work (`seq`, lanes and heads not zero).
+#[inline(always)]
+pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
+    let lanes = p.rot_lanes + p.copy_lanes;
+    let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
+    let items = (gq + gk) * lanes;
+    // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
+    unsafe {
+        core::hint::assert_unchecked(lanes != 0);
+        core::hint::assert_unchecked(gq + gk != 0);
+        core::hint::assert_unchecked(items != 0);
+        core::hint::assert_unchecked(p.seq != 0);
+    }
+    let Some((token, work)) = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens) else {
+        return;
+    };
+    let (b, s) = (token / p.seq, token % p.seq);
+    let (group, lane) = (work / lanes, work % lanes);
+    let (view, h0, heads) =
+        if group < gq { (&p.q, group * G as u32, p.q.heads) } else { (&p.k, (group - gq) * G as u32, p.k.heads) };
+    let (b, s, h0) = (b as u64, s as u64, h0 as u64);
+    let rows = Rows {
+        src: (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE),
+        dst: (view.output as *mut u8).wrapping_add(view.out_offset(b, s, h0) as usize * R::SIZE),
+        src_step: view.in_strides[2] as usize * R::SIZE,
+        dst_step: view.out_strides[2] as usize * R::SIZE,
+        count: (heads - h0 as u32).min(G as u32) as usize,
+    };
+    // SAFETY: just computed; lets the compiler drop the head loop where G is 1.
+    unsafe { core::hint::assert_unchecked(rows.count >= 1 && rows.count <= G) };
+    let half = p.table.half();
+    // The first head's data does not depend on the position: load it before the position
+    // (and the table entries that depend on it) arrive.
+    let rotating = lane < p.rot_lanes;
+    // SAFETY: the host checked the rows against their buffers: a rotating lane's elements
+    // lie in the row.
+    let first = if rotating { unsafe { S::load::<R>(&rows, 0, lane as usize, half as usize) } } else { [[0; 4]; 2] };
+    // A copying lane's first head likewise.
+    let copy_at = if rotating { 0 } else { (2 * half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE };
+    // SAFETY: a copying lane's elements lie past the rotary dims, inside the row.
+    let first_copy = if rotating { [0; 4] } else { unsafe { C::load_raw(rows.src(0, copy_at)) } };
+    // SAFETY: the positions buffer holds every token's entry.
+    let raw = unsafe { p.positions.load(token, b as u32, s as u32) };
+    let Some(pos) = p.positions.check(raw) else {
+        // Skip the token; one thread per token reports it.
+        if work == 0 {
+            // SAFETY: the host points `errors` at this launch's records.
+            unsafe { p.errors.position(token, raw) };
+        }
+        return;
+    };
+    if rotating {
+        let table = Table { view: &p.table, sin_sign: p.sin_sign };
+        // SAFETY: the positions view admits only rows of the table; the rest as above.
+        unsafe { S::rotate::<R, F32Table>(rows, first, lane as usize, pos as usize, table) };
+    } else {
+        // Dims past rotary_dim, out of place: copy the bits.
+        // SAFETY: as above; the output rows overlap nothing else.
+        unsafe { rows.copy::<C>(first_copy, copy_at) };
+    }
+}

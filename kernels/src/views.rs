@@ -1,0 +1,616 @@
+//! The contract between host and kernels: views of the buffers a launch reads and writes,
+//! embedded in the parameter structs, with the methods that decode them.
+//!
+//! The host builds each view through its constructor (the fields are private, so an
+//! invariant a constructor establishes holds wherever the view is read); the kernels decode
+//! it through the methods below. Both sides compile this module, and the host's unit tests run
+//! the same methods on host memory ([`crate::mem`] supplies host versions of the loads and
+//! atomics), so the meaning of every field is tested where it is defined.
+
+use crate::div::FastDiv;
+use crate::mem::{atomic_add_u64, atomic_max_u64, atomic_min_u64, load_i32, load_i64};
+
+/// One tensor of rows, viewed as `[batch, seq, heads, head_dim]`.
+///
+/// Strides are in elements; `head_dim` is contiguous (stride 1). The output uses its own
+/// strides, so out-of-place results may have a different layout from the input; in place
+/// means `output == input` with equal strides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadsView {
+    /// Device address of element `[0, 0, 0, 0]` of the input.
+    pub input: u64,
+    /// Device address of element `[0, 0, 0, 0]` of the output (0 where the kernel has none).
+    pub output: u64,
+    /// Input strides, in elements, of the batch, seq and head axes.
+    pub in_strides: [u64; 3],
+    /// Output strides, in elements, of the batch, seq and head axes.
+    pub out_strides: [u64; 3],
+    /// Number of heads; 0 means the tensor is absent.
+    pub heads: u32,
+    /// Keeps the layout free of implicit padding.
+    pub _pad: u32,
+}
+
+impl HeadsView {
+    /// Element offset of row `(b, s, h)` in the input.
+    #[inline(always)]
+    pub fn in_offset(&self, b: u64, s: u64, h: u64) -> u64 {
+        b * self.in_strides[0] + s * self.in_strides[1] + h * self.in_strides[2]
+    }
+
+    /// Element offset of row `(b, s, h)` in the output.
+    #[inline(always)]
+    pub fn out_offset(&self, b: u64, s: u64, h: u64) -> u64 {
+        b * self.out_strides[0] + s * self.out_strides[1] + h * self.out_strides[2]
+    }
+}
+
+/// The library's cos/sin table on the device: four f32 arrays of `[rows, half]` (the cosines,
+/// the sines, and the residuals of each, `value_f64 - value`, rounded to f32).
+///
+/// Which rows exist is the host's to guarantee: a launch's [`PositionsView`] admits only
+/// positions below its limit, which the host makes at most the table's rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableView {
+    cos: u64,
+    sin: u64,
+    cos_lo: u64,
+    sin_lo: u64,
+    half: u32,
+    _pad: u32,
+}
+
+impl TableView {
+    /// A table of `half` pairs per row at `[cos, sin, cos_lo, sin_lo]` (the residual
+    /// addresses are not read by kernels that take the caller's tables).
+    pub const fn new(addresses: [u64; 4], half: u32) -> Self {
+        let [cos, sin, cos_lo, sin_lo] = addresses;
+        TableView { cos, sin, cos_lo, sin_lo, half, _pad: 0 }
+    }
+
+    /// `[cos, sin, cos_lo, sin_lo]`.
+    #[inline(always)]
+    pub fn addresses(&self) -> [u64; 4] {
+        [self.cos, self.sin, self.cos_lo, self.sin_lo]
+    }
+
+    /// Pairs per row: half the rotary dimension.
+    #[inline(always)]
+    pub fn half(&self) -> u32 {
+        self.half
+    }
+
+    /// The entry index (within each of the four arrays) of pair `i` at position `pos`.
+    #[inline(always)]
+    pub fn entry(&self, pos: usize, i: usize) -> usize {
+        pos * self.half as usize + i
+    }
+}
+
+/// How a launch finds each token's position; one naming for the typed and raw host APIs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PositionKind {
+    /// Token `s` of each sequence is at position `s`; no buffer.
+    #[default]
+    Sequential = 0,
+    /// One i32 id per token, `[batch, seq]` row-major.
+    IdsI32 = 1,
+    /// One i64 id per token, `[batch, seq]` row-major.
+    IdsI64 = 2,
+    /// One i32 start per sequence: token `s` of sequence `b` is at `offsets[b] + s`.
+    OffsetsI32 = 3,
+    /// One i64 start per sequence.
+    OffsetsI64 = 4,
+}
+
+impl PositionKind {
+    /// Elements the buffer holds for `batch` sequences of `seq` tokens (`None`: no buffer).
+    pub fn buffer_len(self, batch: usize, seq: usize) -> Option<usize> {
+        match self {
+            PositionKind::Sequential => None,
+            PositionKind::IdsI32 | PositionKind::IdsI64 => Some(batch.saturating_mul(seq)),
+            PositionKind::OffsetsI32 | PositionKind::OffsetsI64 => Some(batch),
+        }
+    }
+
+    /// Bytes per element of the buffer (and its alignment); 0 without one.
+    pub fn elem_size(self) -> usize {
+        match self {
+            PositionKind::Sequential => 0,
+            PositionKind::IdsI32 | PositionKind::OffsetsI32 => 4,
+            PositionKind::IdsI64 | PositionKind::OffsetsI64 => 8,
+        }
+    }
+}
+
+/// The positions of a launch's tokens, and the range it accepts: a token at a position
+/// outside `0..limit` is skipped and recorded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PositionsView {
+    ptr: u64,
+    kind: PositionKind,
+    limit: u32,
+}
+
+impl PositionsView {
+    /// Positions read as `kind` says from `ptr` (ignored for [`PositionKind::Sequential`]),
+    /// valid in `0..limit`.
+    pub const fn new(kind: PositionKind, ptr: u64, limit: u32) -> Self {
+        let ptr = match kind {
+            PositionKind::Sequential => 0,
+            _ => ptr,
+        };
+        PositionsView { ptr, kind, limit }
+    }
+
+    /// How the positions are read.
+    pub fn kind(&self) -> PositionKind {
+        self.kind
+    }
+
+    /// Valid positions are `0..limit`.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The address read (0 for sequential positions).
+    pub fn address(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Token `token`'s position (sequence `b`, index `s`), before the range check.
+    ///
+    /// # Safety
+    /// The buffer holds the elements [`PositionKind::buffer_len`] names, and `token < batch *
+    /// seq`, `b < batch`.
+    #[inline(always)]
+    pub unsafe fn load(&self, token: u32, b: u32, s: u32) -> i64 {
+        let (i32s, i64s) = (self.ptr as *const i32, self.ptr as *const i64);
+        // SAFETY: the caller's contract: each index is within the buffer.
+        unsafe {
+            match self.kind {
+                PositionKind::IdsI32 => load_i32(i32s.add(token as usize)) as i64,
+                PositionKind::IdsI64 => load_i64(i64s.add(token as usize)),
+                PositionKind::OffsetsI32 => load_i32(i32s.add(b as usize)) as i64 + s as i64,
+                PositionKind::OffsetsI64 => load_i64(i64s.add(b as usize)).wrapping_add(s as i64),
+                PositionKind::Sequential => s as i64,
+            }
+        }
+    }
+
+    /// `pos` as a row index when it is in `0..limit`.
+    #[inline(always)]
+    pub fn check(&self, pos: i64) -> Option<u32> {
+        (pos >= 0 && pos < self.limit as i64).then_some(pos as u32)
+    }
+}
+
+/// One device-side record of offending tokens.
+///
+/// `key` is the minimum over offending tokens of `token << 32 | value as i32 as u32` (values
+/// outside the i32 range saturate), `u64::MAX` when none; `count` counts offending tokens.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// Packed first offending token and its value.
+    pub key: u64,
+    /// Number of offending tokens.
+    pub count: u64,
+}
+
+impl ErrorRecord {
+    /// The record with no error in it.
+    pub const CLEAR: ErrorRecord = ErrorRecord { key: u64::MAX, count: 0 };
+
+    /// Packs an offending token and its value into a `key`.
+    #[inline(always)]
+    pub fn key(token: u32, value: i64) -> u64 {
+        let v = if value > i32::MAX as i64 {
+            i32::MAX
+        } else if value < i32::MIN as i64 {
+            i32::MIN
+        } else {
+            value as i32
+        };
+        ((token as u64) << 32) | (v as u32 as u64)
+    }
+
+    /// The first offending token and its (saturated) value, if any.
+    pub fn first(&self) -> Option<(u32, i64)> {
+        (self.count > 0).then_some(((self.key >> 32) as u32, self.key as u32 as i32 as i64))
+    }
+}
+
+/// The device-side error records of the launches of one `Rope` or reference update: tokens
+/// skipped for their position, and tokens whose cache writes were skipped for their slot.
+/// Reset by the host after it reads them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorRecords {
+    /// Positions outside the launch's range.
+    pub positions: ErrorRecord,
+    /// Slots outside the cache (other than `-1`, padding).
+    pub slots: ErrorRecord,
+}
+
+impl ErrorRecords {
+    /// Both records clear.
+    pub const CLEAR: ErrorRecords = ErrorRecords { positions: ErrorRecord::CLEAR, slots: ErrorRecord::CLEAR };
+    /// The records as u64 words, in memory order (for hosts that move them as words).
+    pub const WORDS: usize = 4;
+
+    /// The records as they lie in memory.
+    pub fn to_words(self) -> [u64; Self::WORDS] {
+        [self.positions.key, self.positions.count, self.slots.key, self.slots.count]
+    }
+
+    /// The records from their words in memory.
+    pub fn from_words(w: [u64; Self::WORDS]) -> Self {
+        ErrorRecords {
+            positions: ErrorRecord { key: w[0], count: w[1] },
+            slots: ErrorRecord { key: w[2], count: w[3] },
+        }
+    }
+}
+
+/// Where a launch records offending tokens: the address of an [`ErrorRecords`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorSink {
+    records: u64,
+}
+
+impl ErrorSink {
+    /// Records into the [`ErrorRecords`] at `records`.
+    pub const fn new(records: u64) -> Self {
+        ErrorSink { records }
+    }
+
+    /// The address of the records.
+    pub fn address(&self) -> u64 {
+        self.records
+    }
+
+    /// Records token `token`, skipped for its position `position`.
+    ///
+    /// # Safety
+    /// The address holds an [`ErrorRecords`], only accessed atomically meanwhile.
+    #[inline(always)]
+    pub unsafe fn position(&self, token: u32, position: i64) {
+        let r = self.records as *mut ErrorRecords;
+        // SAFETY: the caller's contract.
+        unsafe { record(&raw mut (*r).positions, token, position) }
+    }
+
+    /// Records token `token`, whose cache writes were skipped for its slot `slot`.
+    ///
+    /// # Safety
+    /// As [`ErrorSink::position`].
+    #[inline(always)]
+    pub unsafe fn slot(&self, token: u32, slot: i64) {
+        let r = self.records as *mut ErrorRecords;
+        // SAFETY: the caller's contract.
+        unsafe { record(&raw mut (*r).slots, token, slot) }
+    }
+}
+
+/// # Safety
+/// `r` points to an [`ErrorRecord`] only accessed atomically meanwhile.
+#[inline(always)]
+unsafe fn record(r: *mut ErrorRecord, token: u32, value: i64) {
+    // SAFETY: the caller's contract; both fields are 8-byte aligned u64.
+    unsafe {
+        atomic_min_u64(&raw mut (*r).key, ErrorRecord::key(token, value));
+        atomic_add_u64(&raw mut (*r).count, 1);
+    }
+}
+
+/// How a KV cache maps tokens to rows.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CacheKind {
+    /// Each sequence is a block: token of sequence `b` at position `p` goes to slot
+    /// `b * block_size + p`.
+    #[default]
+    Contiguous = 0,
+    /// Token `t` goes to slot `mapping[t]` (i64; `-1` is padding).
+    Paged = 1,
+}
+
+/// Where a token's keys and values go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotOf {
+    /// Slot `n`, in `0..num_slots`.
+    Slot(u64),
+    /// `-1` in the slot mapping, or a contiguous row past the cache: nothing is written, and
+    /// nothing reported.
+    Skip,
+    /// A slot mapping entry outside the cache: nothing is written, and it is reported.
+    OutOfRange(i64),
+}
+
+/// A key cache and a value cache of one layout, `[blocks, block_size, heads, head_dim]` with
+/// element strides (head_dim contiguous), and how tokens map to their slots: slot `n` is row
+/// `(n / block_size, n % block_size)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheView {
+    k: u64,
+    v: u64,
+    strides: [u64; 3],
+    mapping: u64,
+    num_slots: u64,
+    block_size: u32,
+    kind: CacheKind,
+    block_div: FastDiv,
+}
+
+impl CacheView {
+    /// A contiguous cache of `blocks` sequences of `block_size` rows, at element addresses
+    /// `k` and `v` (of row `(0, 0, 0)`).
+    ///
+    /// # Panics
+    /// If `block_size` is 0 (the host checks it first).
+    pub const fn contiguous(k: u64, v: u64, strides: [u64; 3], blocks: u32, block_size: u32) -> Self {
+        Self::new(k, v, strides, 0, CacheKind::Contiguous, blocks, block_size)
+    }
+
+    /// A paged cache of `blocks` pages of `block_size` rows, with the i64 slot mapping at
+    /// `mapping`.
+    ///
+    /// # Panics
+    /// If `block_size` is 0.
+    pub const fn paged(k: u64, v: u64, strides: [u64; 3], mapping: u64, blocks: u32, block_size: u32) -> Self {
+        Self::new(k, v, strides, mapping, CacheKind::Paged, blocks, block_size)
+    }
+
+    const fn new(k: u64, v: u64, strides: [u64; 3], mapping: u64, kind: CacheKind, blocks: u32, size: u32) -> Self {
+        let num_slots = blocks as u64 * size as u64;
+        CacheView { k, v, strides, mapping, num_slots, block_size: size, kind, block_div: FastDiv::new(size) }
+    }
+
+    /// The element address of the key cache's row `(0, 0, 0)`.
+    #[inline(always)]
+    pub fn k(&self) -> u64 {
+        self.k
+    }
+
+    /// The element address of the value cache's row `(0, 0, 0)`.
+    #[inline(always)]
+    pub fn v(&self) -> u64 {
+        self.v
+    }
+
+    /// The element stride between heads of one row.
+    #[inline(always)]
+    pub fn head_stride(&self) -> u64 {
+        self.strides[2]
+    }
+
+    /// Contiguous or paged.
+    pub fn kind(&self) -> CacheKind {
+        self.kind
+    }
+
+    /// Slots in the cache, `blocks * block_size`.
+    pub fn num_slots(&self) -> u64 {
+        self.num_slots
+    }
+
+    /// Rows per block.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// The address of the slot mapping (0 for contiguous caches).
+    pub fn mapping(&self) -> u64 {
+        self.mapping
+    }
+
+    /// Token `t`'s raw slot mapping entry (0 for contiguous caches), to load before its
+    /// position is known so that the two loads overlap.
+    ///
+    /// # Safety
+    /// A paged cache's mapping holds an entry for token `t`.
+    #[inline(always)]
+    pub unsafe fn raw_slot(&self, t: u32) -> i64 {
+        match self.kind {
+            CacheKind::Contiguous => 0,
+            // SAFETY: the caller's contract.
+            CacheKind::Paged => unsafe { load_i64((self.mapping as *const i64).add(t as usize)) },
+        }
+    }
+
+    /// The slot of a token at valid position `pos` whose raw mapping entry is `raw`
+    /// ([`CacheView::raw_slot`]); `seq` gives its sequence (called only for contiguous caches).
+    #[inline(always)]
+    pub fn slot(&self, seq: impl FnOnce() -> u32, pos: u32, raw: i64) -> SlotOf {
+        match self.kind {
+            // Whatever the positions' limit, a row past the block is never written.
+            CacheKind::Contiguous if pos < self.block_size => {
+                SlotOf::Slot(seq() as u64 * self.block_size as u64 + pos as u64)
+            }
+            CacheKind::Contiguous => SlotOf::Skip,
+            CacheKind::Paged if raw >= 0 && (raw as u64) < self.num_slots => SlotOf::Slot(raw as u64),
+            CacheKind::Paged if raw == -1 => SlotOf::Skip,
+            CacheKind::Paged => SlotOf::OutOfRange(raw),
+        }
+    }
+
+    /// The element offset (from [`CacheView::k`] or [`CacheView::v`]) of head `h` of slot
+    /// `n`'s row.
+    #[inline(always)]
+    pub fn row(&self, n: u64, h: u64) -> u64 {
+        let (block, within) = self.block_div.divmod(n as u32);
+        block as u64 * self.strides[0] + within as u64 * self.strides[1] + h * self.strides[2]
+    }
+}
+
+/// How a KV launch settles tokens that name the same slot (the last one writes).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Duplicates {
+    /// Each block compares its tokens' slots with the later tokens' in shared memory (calls of
+    /// few tokens, in the scanning kernels).
+    #[default]
+    Scan = 0,
+    /// A claim launch has written, per slot, the tag of the last token that writes it.
+    Claimed = 1,
+}
+
+/// The owner array of the claimed path: one u64 per slot, `epoch << 32 | token` of the last
+/// token of the call tagged `epoch` that writes the slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnerView {
+    owners: u64,
+    epoch: u32,
+    mode: Duplicates,
+}
+
+impl OwnerView {
+    /// No owner array: duplicates are scanned.
+    pub const SCAN: OwnerView = OwnerView { owners: 0, epoch: 0, mode: Duplicates::Scan };
+
+    /// Claims tagged `epoch` (never 0: a zeroed array then holds no claim) in the array at
+    /// `owners`.
+    pub const fn claimed(owners: u64, epoch: u32) -> Self {
+        OwnerView { owners, epoch, mode: Duplicates::Claimed }
+    }
+
+    /// How duplicates are settled.
+    #[inline(always)]
+    pub fn mode(&self) -> Duplicates {
+        self.mode
+    }
+
+    /// The tag of this call's claims.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The address of the owner array.
+    pub fn address(&self) -> u64 {
+        self.owners
+    }
+
+    /// Token `t`'s claim value.
+    #[inline(always)]
+    pub fn tag(&self, t: u32) -> u64 {
+        (self.epoch as u64) << 32 | t as u64
+    }
+
+    /// Claims slot `n` for token `t` (the largest tag wins: the last token).
+    ///
+    /// # Safety
+    /// The owner array holds slot `n`, and is only accessed atomically during the launch.
+    #[inline(always)]
+    pub unsafe fn claim(&self, n: u64, t: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { atomic_max_u64((self.owners as *mut u64).add(n as usize), self.tag(t)) }
+    }
+
+    /// Whether token `t` holds slot `n`'s claim.
+    ///
+    /// # Safety
+    /// The owner array holds slot `n`, written by an earlier launch and read-only now.
+    #[inline(always)]
+    pub unsafe fn owns(&self, n: u64, t: u32) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { load_i64((self.owners as *const i64).add(n as usize)) as u64 == self.tag(t) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_decode_each_kind_and_check_the_range() {
+        let ids32 = [5i32, -1, 9, 3];
+        let ids64 = [7i64, 1 << 40, 2, 0];
+        let a32 = ids32.as_ptr() as u64;
+        let a64 = ids64.as_ptr() as u64;
+        // Token 2 is sequence 1, index 0 of sequences of 2 tokens.
+        let cases = [
+            (PositionKind::Sequential, 0, 0),
+            (PositionKind::IdsI32, a32, 9),
+            (PositionKind::IdsI64, a64, 2),
+            (PositionKind::OffsetsI32, a32, -1),
+            (PositionKind::OffsetsI64, a64, 1 << 40),
+        ];
+        for (kind, ptr, want) in cases {
+            let v = PositionsView::new(kind, ptr, 8);
+            // SAFETY: both arrays hold four entries; token 2 and sequence 1 are inside.
+            assert_eq!(unsafe { v.load(2, 1, 0) }, want, "{kind:?}");
+        }
+        // SAFETY: as above; index 1 of sequence 1 (offsets add the index).
+        assert_eq!(unsafe { PositionsView::new(PositionKind::OffsetsI32, a32, 8).load(3, 1, 1) }, 0);
+        let v = PositionsView::new(PositionKind::IdsI32, a32, 8);
+        assert_eq!(
+            (v.check(-1), v.check(0), v.check(7), v.check(8), v.check(1 << 40)),
+            (None, Some(0), Some(7), None, None)
+        );
+        assert_eq!(PositionsView::new(PositionKind::Sequential, a32, 8).address(), 0, "no buffer is read");
+        assert_eq!(PositionKind::OffsetsI64.buffer_len(3, 5), Some(3));
+        assert_eq!(PositionKind::IdsI32.buffer_len(3, 5), Some(15));
+        assert_eq!(PositionKind::Sequential.buffer_len(3, 5), None);
+    }
+
+    #[test]
+    fn caches_map_tokens_to_slots_and_rows() {
+        let strides = [1000, 100, 10];
+        let c = CacheView::contiguous(0, 0, strides, 3, 16);
+        assert_eq!(c.slot(|| 2, 5, 0), SlotOf::Slot(2 * 16 + 5));
+        assert_eq!(c.slot(|| 2, 16, 0), SlotOf::Skip, "a row past the block is never written");
+        assert_eq!(c.num_slots(), 48);
+        // SAFETY: a contiguous cache reads no mapping.
+        assert_eq!(unsafe { c.raw_slot(7) }, 0);
+        let mapping = [3i64, -1, 47, 48, -2];
+        let p = CacheView::paged(0, 0, strides, mapping.as_ptr() as u64, 3, 16);
+        let slot = |t: u32| {
+            // SAFETY: the mapping holds five entries.
+            let raw = unsafe { p.raw_slot(t) };
+            p.slot(|| unreachable!("paged caches ignore the sequence"), 0, raw)
+        };
+        assert_eq!(
+            (slot(0), slot(1), slot(2), slot(3), slot(4)),
+            (SlotOf::Slot(3), SlotOf::Skip, SlotOf::Slot(47), SlotOf::OutOfRange(48), SlotOf::OutOfRange(-2))
+        );
+        // Slot 35 is row 3 of block 2.
+        assert_eq!(p.row(35, 4), 2 * 1000 + 3 * 100 + 4 * 10);
+    }
+
+    #[test]
+    fn owners_keep_the_last_claim_of_the_call() {
+        let mut owners = [0u64; 4];
+        let o = OwnerView::claimed(owners.as_mut_ptr() as u64, 7);
+        // SAFETY: slots 0..4 exist; only these calls touch the array.
+        unsafe {
+            o.claim(2, 5);
+            o.claim(2, 9);
+            o.claim(2, 6);
+            assert!(o.owns(2, 9) && !o.owns(2, 6) && !o.owns(1, 0));
+        }
+        // A later call's tag supersedes every claim of an earlier one.
+        let later = OwnerView::claimed(o.address(), 8);
+        // SAFETY: as above.
+        unsafe {
+            later.claim(2, 0);
+            assert!(later.owns(2, 0) && !o.owns(2, 9));
+        }
+        assert_eq!(OwnerView::SCAN.mode(), Duplicates::Scan);
+        assert_eq!(o.mode(), Duplicates::Claimed);
+    }
+
+    #[test]
+    fn tables_index_rows_of_pairs() {
+        let t = TableView::new([1, 2, 3, 4], 64);
+        assert_eq!((t.entry(0, 5), t.entry(3, 5)), (5, 3 * 64 + 5));
+        assert_eq!(t.addresses(), [1, 2, 3, 4]);
+    }
+}
