@@ -7,8 +7,14 @@
 //! its own target dir under `OUT_DIR`. Only that nested run needs the nightly, so a crate built
 //! with stable Rust can depend on `rope-cuda`.
 //!
+//! The kernel crate's sources are found through its `links` metadata (`DEP_ROPE_CUDA_KERNELS_ROOT`,
+//! so the same script works in the repository and in a crate unpacked from its `.crate`), and
+//! copied into `OUT_DIR` as a workspace of their own before they are built there: nothing is
+//! written next to the sources, which may be read-only.
+//!
 //! Settings: `ROPE_CUDA_ARCH` (default `sm_80`: PTX that the driver also compiles for Ada and
 //! Hopper) and `ROPE_CUDA_KERNEL_TOOLCHAIN` (default: the channel of `rust-toolchain.toml`).
+//! Where `DOCS_RS` is set (docs.rs: no GPU toolchain), the PTX embedded is empty.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -22,11 +28,16 @@ const TARGET: &str = "nvptx64-nvidia-cuda";
 const CRATE: &str = "rope_cuda_kernels";
 
 fn main() {
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let kernels = root.join("kernels");
-    println!("cargo:rerun-if-changed={}", kernels.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernels.join("Cargo.toml").display());
+    let source = PathBuf::from(env::var("DEP_ROPE_CUDA_KERNELS_ROOT").expect("rope-cuda-kernels sets its root"));
+    println!("cargo:rerun-if-changed={}", source.join("src").display());
+    println!("cargo:rerun-if-changed={}", source.join("Cargo.toml").display());
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+    if env::var_os("DOCS_RS").is_some() {
+        std::fs::write(out.join(format!("{CRATE}.ptx")), "").unwrap_or_else(|e| fail(&format!("writing the PTX: {e}")));
+        println!("cargo:rustc-env=ROPE_CUDA_ARCH=none (docs.rs)");
+        return;
+    }
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_ARCH");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_KERNEL_TOOLCHAIN");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_HEADS_PER_THREAD");
@@ -39,6 +50,8 @@ fn main() {
     let toolchain = env::var("ROPE_CUDA_KERNEL_TOOLCHAIN").unwrap_or_else(|_| TOOLCHAIN.to_string());
     check_toolchain(&toolchain);
 
+    let kernels = out.join("kernels-src");
+    copy_crate(&source, &kernels);
     let target_dir = out.join("kernels-target");
     let mut cmd = Command::new("rustup");
     cmd.args(["run", &toolchain, "cargo", "build", "--release", "--lib"])
@@ -97,6 +110,38 @@ fn check_toolchain(toolchain: &str) {
                  or everything at once with:\n    {install}"
             ));
         }
+    }
+}
+
+/// Copies the kernel crate (manifest, build script, sources) from `from` into `to`, its
+/// manifest made the root of a workspace of its own.
+fn copy_crate(from: &Path, to: &Path) {
+    let manifest = std::fs::read_to_string(from.join("Cargo.toml"))
+        .unwrap_or_else(|e| fail(&format!("reading {}: {e}", from.join("Cargo.toml").display())));
+    let _ = std::fs::remove_dir_all(to.join("src"));
+    copy_dir(&from.join("src"), &to.join("src"));
+    copy(&from.join("build.rs"), &to.join("build.rs"));
+    let standalone = format!("{manifest}\n# Added by rope-cuda's build.rs: built on its own.\n[workspace]\n");
+    write_if_changed(&to.join("Cargo.toml"), &standalone);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| fail(&format!("creating {}: {e}", to.display())));
+    let entries = std::fs::read_dir(from).unwrap_or_else(|e| fail(&format!("reading {}: {e}", from.display())));
+    for entry in entries {
+        let entry = entry.unwrap_or_else(|e| fail(&format!("reading {}: {e}", from.display())));
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(entry.file_name()));
+        } else {
+            copy(&path, &to.join(entry.file_name()));
+        }
+    }
+}
+
+fn write_if_changed(path: &Path, text: &str) {
+    if std::fs::read_to_string(path).ok().as_deref() != Some(text) {
+        std::fs::write(path, text).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
     }
 }
 
