@@ -230,8 +230,14 @@ impl Core {
 
     /// Synchronises `stream`, then reports (and clears) what the records hold.
     pub fn check_errors(&self, stream: &cust::stream::Stream, max_position: usize) -> Result<()> {
+        self.check_errors_raw(stream.as_inner(), max_position)
+    }
+
+    /// [`Core::check_errors`] on a raw stream of the kernels' context.
+    pub fn check_errors_raw(&self, stream: cuda::CUstream, max_position: usize) -> Result<()> {
         crate::graph::not_while_recording("check_errors")?;
-        stream.synchronize()?;
+        // SAFETY: the callers pass a live stream of the kernels' context.
+        driver("cuStreamSynchronize", unsafe { cuda::cuStreamSynchronize(stream) })?;
         self.records.take(max_position)
     }
 }

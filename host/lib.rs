@@ -72,6 +72,8 @@
 
 #[doc(hidden)]
 pub mod bench;
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
 pub mod reference;
 pub mod seed;
 

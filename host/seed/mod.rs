@@ -11,7 +11,7 @@
 
 mod update;
 
-pub use update::{KvShape, KvUpdate};
+pub use update::{KvShape, KvUpdate, UpdateBuffers};
 
 use std::sync::Arc;
 

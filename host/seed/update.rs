@@ -34,6 +34,28 @@ pub struct KvShape {
     pub cache_len: usize,
 }
 
+/// The buffers of one reference update, each as its device address and its length in
+/// elements ([`KvUpdate::update_kv_cache_raw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateBuffers {
+    /// New keys `[B, T, H, D]`.
+    pub k_new: (u64, usize),
+    /// New values `[B, T, H, D]`.
+    pub v_new: (u64, usize),
+    /// Cosines `[S, D / 2]`.
+    pub cos: (u64, usize),
+    /// Sines `[S, D / 2]`.
+    pub sin: (u64, usize),
+    /// Key cache `[B, S, H, D]` (read only).
+    pub cache_k: (u64, usize),
+    /// Value cache `[B, S, H, D]` (read only).
+    pub cache_v: (u64, usize),
+    /// i32 positions `[B, T]`.
+    pub positions: (u64, usize),
+    /// Both caches, updated, stacked `[2, B, S, H, D]` (written).
+    pub out: (u64, usize),
+}
+
 /// The project's second reference operation, exactly: `update_kv_cache(k_new, v_new, cos,
 /// sin, cache_k, cache_v, positions)`.
 ///
@@ -69,6 +91,16 @@ impl KvUpdate {
         Ok(KvUpdate { core: Core::new(kernels)?, cache_len: AtomicUsize::new(0) })
     }
 
+    /// [`KvUpdate::check_errors`] on a raw stream of the kernels' context.
+    pub(crate) fn check_errors_raw(&self, stream: cuda::CUstream) -> Result<()> {
+        self.core.check_errors_raw(stream, self.cache_len.load(Relaxed))
+    }
+
+    /// The kernels this update launches.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.core.kernels
+    }
+
     /// `k_new`, `v_new`: `[B, T, H, D]`; `cos`, `sin`: `[S, D / 2]` (the caller's, in the
     /// element type; the math is f32); `cache_k`, `cache_v`: `[B, S, H, D]`, not modified;
     /// `positions`: i32 `[B, T]`; `out`: `[2, B, S, H, D]`, both caches stacked, with each
@@ -92,92 +124,118 @@ impl KvUpdate {
         out: &mut DeviceSlice<T>,
         stream: &Stream,
     ) -> Result<()> {
+        let of = |x: &DeviceSlice<T>| (x.as_device_ptr().as_raw(), x.len());
+        let buffers = UpdateBuffers {
+            k_new: of(k_new),
+            v_new: of(v_new),
+            cos: of(cos),
+            sin: of(sin),
+            cache_k: of(cache_k),
+            cache_v: of(cache_v),
+            positions: (positions.as_device_ptr().as_raw(), positions.len()),
+            out: of(out),
+        };
+        // SAFETY: every buffer is a live cust allocation of its type for the call, `out`
+        // borrowed mutably; the raw update checks the rest.
+        unsafe { self.update_kv_cache_raw(T::DTYPE, shape, &buffers, stream.as_inner()) }
+    }
+
+    /// [`KvUpdate::update_kv_cache`] on device addresses (each buffer as its address and its
+    /// length in elements) and a raw stream.
+    ///
+    /// # Safety
+    /// Each address is a live device allocation of this update's context holding `len`
+    /// elements of `dtype` (positions: i32), not freed, and (`out`) not read or written by
+    /// others, until the work queued on `stream` completes; `stream` is a stream of that
+    /// context.
+    pub unsafe fn update_kv_cache_raw(
+        &self,
+        dtype: DType,
+        shape: KvShape,
+        buffers: &UpdateBuffers,
+        raw_stream: cuda::CUstream,
+    ) -> Result<()> {
         let KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s } = shape;
         if d < 2 || d % 2 != 0 {
             return Err(Error::HeadDim { head_dim: d });
         }
-        let size = T::DTYPE.size();
+        let size = dtype.size();
         let n = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).unwrap_or(usize::MAX);
-        let addr = |x: &DeviceSlice<T>| x.as_device_ptr().as_raw();
+        let UpdateBuffers { k_new, v_new, cos, sin, cache_k, cache_v, positions, out } = *buffers;
         let lengths: [(&'static str, &[usize], usize); 8] = [
-            ("k_new", &[b, t, h, d], k_new.len()),
-            ("v_new", &[b, t, h, d], v_new.len()),
-            ("cos", &[s, d / 2], cos.len()),
-            ("sin", &[s, d / 2], sin.len()),
-            ("cache_k", &[b, s, h, d], cache_k.len()),
-            ("cache_v", &[b, s, h, d], cache_v.len()),
-            ("positions", &[b, t], positions.len()),
-            ("out", &[2, b, s, h, d], out.len()),
+            ("k_new", &[b, t, h, d], k_new.1),
+            ("v_new", &[b, t, h, d], v_new.1),
+            ("cos", &[s, d / 2], cos.1),
+            ("sin", &[s, d / 2], sin.1),
+            ("cache_k", &[b, s, h, d], cache_k.1),
+            ("cache_v", &[b, s, h, d], cache_v.1),
+            ("positions", &[b, t], positions.1),
+            ("out", &[2, b, s, h, d], out.1),
         ];
         for (what, dims, got) in lengths {
             if n(dims) != got {
                 return Err(Error::Length { what, shape: dims.to_vec(), expected: n(dims), got });
             }
         }
-        let out_range = (addr(out), out.len() * size);
+        let out_range = (out.0, out.1 * size);
         let inputs = [
-            ("k_new", addr(k_new), k_new.len()),
-            ("v_new", addr(v_new), v_new.len()),
-            ("cos", addr(cos), cos.len()),
-            ("sin", addr(sin), sin.len()),
-            ("cache_k", addr(cache_k), cache_k.len()),
-            ("cache_v", addr(cache_v), cache_v.len()),
+            ("k_new", k_new.0, k_new.1 * size),
+            ("v_new", v_new.0, v_new.1 * size),
+            ("cos", cos.0, cos.1 * size),
+            ("sin", sin.0, sin.1 * size),
+            ("cache_k", cache_k.0, cache_k.1 * size),
+            ("cache_v", cache_v.0, cache_v.1 * size),
+            ("positions", positions.0, positions.1 * 4),
         ];
-        let pos_range = (positions.as_device_ptr().as_raw(), positions.len() * 4);
-        for (what, ptr, len) in
-            inputs.iter().map(|&(w, p, l)| (w, p, l * size)).chain([("positions", pos_range.0, pos_range.1)])
-        {
+        for (what, ptr, len) in inputs {
             let (a0, a1, b0, b1) = (out_range.0, out_range.0 + out_range.1 as u64, ptr, ptr + len as u64);
             if len > 0 && out_range.1 > 0 && a0 < b1 && b0 < a1 {
                 return Err(Error::Aliasing { a: "out", b: what });
             }
         }
+        for (what, ptr, _) in inputs.iter().chain([&("out", out.0, 0)]) {
+            let align = if *what == "positions" { 4 } else { size };
+            if ptr % align as u64 != 0 {
+                return Err(Error::Alignment { what, address: *ptr, align });
+            }
+        }
         let cache_elems = b * s * h * d;
-        let half_out = addr(out) + (cache_elems * size) as u64;
+        let half_out = out.0 + (cache_elems * size) as u64;
         let new_layout = Layout::bshd(b, t, h, d);
         let cache_layout = Layout::bshd(b, s, h, d);
         let args = RawKvArgs {
-            dtype: T::DTYPE,
+            dtype,
             q: None,
-            k: RawTensor { ptr: addr(k_new), len: k_new.len(), layout: new_layout },
-            v: RawTensor { ptr: addr(v_new), len: v_new.len(), layout: new_layout },
+            k: RawTensor { ptr: k_new.0, len: k_new.1, layout: new_layout },
+            v: RawTensor { ptr: v_new.0, len: v_new.1, layout: new_layout },
             cache: RawKvCache {
-                k: RawTensor { ptr: addr(out), len: cache_elems, layout: cache_layout },
+                k: RawTensor { ptr: out.0, len: cache_elems, layout: cache_layout },
                 v: RawTensor { ptr: half_out, len: cache_elems, layout: cache_layout },
                 paged: false,
             },
-            positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos_range.0, len: positions.len() },
+            positions: RawPositions { kind: PositionKind::IdsI32, ptr: positions.0, len: positions.1 },
             slots: None,
         };
         let spec = KvSpec {
-            dtype: T::DTYPE,
+            dtype,
             style: RopeStyle::GptJ,
             head_dim: d,
             rotary_dim: d,
             max_position: s,
             // f32 tables are in the library kernels' own format; their residual tables are
             // read only for 16-bit outputs, so f32 launches need none (null here).
-            tables: match T::DTYPE {
+            tables: match dtype {
                 DType::F32 => TableSource::Library,
                 _ => TableSource::Caller,
             },
         };
-        let table = TableView::new([addr(cos), addr(sin), 0, 0], (d / 2) as u32);
+        let table = TableView::new([cos.0, sin.0, 0, 0], (d / 2) as u32);
         let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;
-        let buffers = [
-            ("k_new", addr(k_new)),
-            ("v_new", addr(v_new)),
-            ("cos", addr(cos)),
-            ("sin", addr(sin)),
-            ("cache_k", addr(cache_k)),
-            ("cache_v", addr(cache_v)),
-            ("positions", pos_range.0),
-            ("out", addr(out)),
-        ];
-        self.core.prepare(&buffers, false)?;
-        let raw_stream = stream.as_inner();
+        let devices = inputs.map(|(what, ptr, _)| (what, ptr));
+        self.core.prepare(&devices, false)?;
+        self.core.prepare(&[("out", out.0)], false)?;
         let bytes = cache_elems * size;
-        for (dst, src) in [(addr(out), addr(cache_k)), (half_out, addr(cache_v))] {
+        for (dst, src) in [(out.0, cache_k.0), (half_out, cache_v.0)] {
             match crate::graph::record_copy(dst, src, bytes) {
                 Some(recorded) => recorded?,
                 None => {
@@ -198,6 +256,6 @@ impl KvUpdate {
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
     /// since the last check.
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        self.core.check_errors(stream, self.cache_len.load(Relaxed))
+        self.check_errors_raw(stream.as_inner())
     }
 }

@@ -1,0 +1,266 @@
+//! The cudarc API (feature `cudarc`): RoPE on a fused QKV buffer, out of place, the paged
+//! append and the reference update on cudarc buffers and streams, against the f64
+//! reference; the same typed errors as the cust API, with nothing written.
+#![cfg(feature = "cudarc")]
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{assert_rotated, test_seed, TestElem};
+use cudarc::driver::{CudaContext, CudaStream};
+use rope_cuda::cudarc::{load, Append, KvCache, Positions, Slots, View, ViewMut};
+use rope_cuda::reference::{splitmix64, uniform};
+use rope_cuda::seed::{KvShape, KvUpdate};
+use rope_cuda::{DType, Direction, Error, Kernels, Layout, Rope, RopeConfig, RopeStyle};
+
+/// cudarc's context and stream of device 0 with the kernels loaded, or `None` after
+/// printing that `test` skipped (a failure with `ROPE_CUDA_REQUIRE_GPU`).
+fn cudarc_gpu(test: &str) -> Option<(Arc<CudaStream>, Arc<Kernels>)> {
+    match CudaContext::new(0) {
+        Ok(ctx) => {
+            let kernels = load(&ctx).expect("loading the kernels into cudarc's context");
+            Some((ctx.default_stream(), kernels))
+        }
+        Err(e) if std::env::var("ROPE_CUDA_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") => {
+            panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but cudarc found no GPU: {e:?}")
+        }
+        Err(e) => {
+            eprintln!("{test}: skipped, no CUDA device ({e:?})");
+            None
+        }
+    }
+}
+
+/// cudarc's bf16 (half 2) from the reference's bf16 (half 1.8), bit for bit.
+fn to2(x: &[half::bf16]) -> Vec<half2::bf16> {
+    x.iter().map(|v| half2::bf16::from_bits(v.to_bits())).collect()
+}
+
+fn from2(x: &[half2::bf16]) -> Vec<half::bf16> {
+    x.iter().map(|v| half::bf16::from_bits(v.to_bits())).collect()
+}
+
+fn random_bf16(seed: u64, tensor: u64, n: usize) -> Vec<half::bf16> {
+    (0..n as u64).map(|i| half::bf16::from_f32(uniform(seed, tensor, i))).collect()
+}
+
+#[test]
+fn rope_in_place_on_a_fused_qkv_buffer() {
+    let Some((stream, kernels)) = cudarc_gpu("rope_in_place_on_a_fused_qkv_buffer") else { return };
+    let seed = test_seed("rope_in_place_on_a_fused_qkv_buffer");
+    let (tokens, hq, hk, d) = (37, 8, 2, 128);
+    let row = (hq + 2 * hk) * d;
+    let config = RopeConfig::new(d, 4096).base(500_000.0).dtype(DType::BF16);
+    let rope = Rope::new(&kernels, config.clone()).unwrap();
+    let x = random_bf16(seed, 0, tokens * row);
+    let ids: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % 4096) as i32).collect();
+    let mut qkv = stream.clone_htod(&to2(&x)).unwrap();
+    let dids = stream.clone_htod(&ids).unwrap();
+    {
+        let q = Layout::strided([1, tokens, hq, d], [tokens * row, row, d], 0);
+        let k = Layout::strided([1, tokens, hk, d], [tokens * row, row, d], hq * d);
+        let (mut q, mut k) = ViewMut::pair(&mut qkv, q, k, &stream);
+        let positions = Positions::ids_i32(&dids, &stream);
+        rope.apply_in_place_cudarc(&mut q, Some(&mut k), &positions, Direction::Forward, &stream).unwrap();
+    }
+    rope.check_errors_cudarc(&stream).unwrap();
+    let got = from2(&stream.clone_dtoh(&qkv).unwrap());
+    for t in 0..tokens {
+        let r = t * row;
+        let qk = r..r + (hq + hk) * d;
+        assert_rotated(&format!("token {t}"), &got[qk.clone()], &x[qk], ids[t] as i64, &config);
+        assert_eq!(&got[r + (hq + hk) * d..r + row], &x[r + (hq + hk) * d..r + row], "token {t}: v changed");
+    }
+}
+
+#[test]
+fn rope_out_of_place_and_typed_errors() {
+    let Some((stream, kernels)) = cudarc_gpu("rope_out_of_place_and_typed_errors") else { return };
+    let seed = test_seed("rope_out_of_place_and_typed_errors");
+    let (b, s, h, d) = (2, 5, 3, 64);
+    let n = b * s * h * d;
+    let config = RopeConfig::new(d, 64).rotary_dim(32).style(RopeStyle::GptJ);
+    let rope = Rope::new(&kernels, config.clone()).unwrap();
+    let x: Vec<f32> = (0..n as u64).map(|i| uniform(seed, 1, i)).collect();
+    let poison = vec![f32::from_bits(<f32 as TestElem>::POISON_BITS); n];
+    let dx = stream.clone_htod(&x).unwrap();
+    let mut out = stream.clone_htod(&poison).unwrap();
+    let l = Layout::bshd(b, s, h, d);
+    {
+        let (q, mut q_out) = (View::new(&dx, l, &stream), ViewMut::new(&mut out, l, &stream));
+        rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream).unwrap();
+    }
+    let got = stream.clone_dtoh(&out).unwrap();
+    for t in 0..b * s {
+        let r = t * h * d..(t + 1) * h * d;
+        assert_rotated(&format!("token {t}"), &got[r.clone()], &x[r], (t % s) as i64, &config);
+    }
+    // Bad inputs: typed errors, and the output stays as it was.
+    let mut fresh = stream.clone_htod(&poison).unwrap();
+    let half_buf = stream.alloc_zeros::<half2::bf16>(n).unwrap();
+    let cases = [
+        (&dx, None, Layout::bshd(b, s, h, d + 2), "head_dim"),
+        (&dx, None, Layout::bshd(b, 65, h, d), "past the buffer"),
+        (&dx, Some(&half_buf), l, "dtype"),
+    ];
+    for (input, other, layout, what) in cases {
+        let mut q_out = ViewMut::new(&mut fresh, layout, &stream);
+        let e = match other {
+            // A bf16 buffer given to an f32 Rope.
+            Some(bf) => {
+                let q = View::new(bf, layout, &stream);
+                rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream)
+            }
+            None => {
+                let q = View::new(input, layout, &stream);
+                rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream)
+            }
+        };
+        let ok = match what {
+            "head_dim" => matches!(e, Err(Error::Shape { what: "q", axis: "head_dim", .. })),
+            "past the buffer" => matches!(e, Err(Error::OutOfBounds { .. }) | Err(Error::MaxPosition { .. })),
+            _ => matches!(e, Err(Error::DType { .. })),
+        };
+        assert!(ok, "{what}: {e:?}");
+    }
+    let untouched = stream.clone_dtoh(&fresh).unwrap();
+    assert!(untouched.iter().all(|v| v.to_bits() == <f32 as TestElem>::POISON_BITS), "a refused call wrote");
+}
+
+#[test]
+fn paged_append_on_cudarc_buffers() {
+    let Some((stream, kernels)) = cudarc_gpu("paged_append_on_cudarc_buffers") else { return };
+    let seed = test_seed("paged_append_on_cudarc_buffers");
+    let (tokens, hq, hk, d, blocks, bs) = (9, 4, 2, 128, 6, 16);
+    let config = RopeConfig::new(d, 1024).dtype(DType::BF16);
+    let rope = Rope::new(&kernels, config.clone()).unwrap();
+    let (q, k, v) = (
+        random_bf16(seed, 2, tokens * hq * d),
+        random_bf16(seed, 3, tokens * hk * d),
+        random_bf16(seed, 4, tokens * hk * d),
+    );
+    let cache_n = blocks * bs * hk * d;
+    let (kc0, vc0) = (random_bf16(seed, 5, cache_n), random_bf16(seed, 6, cache_n));
+    let ids: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % 1024) as i32).collect();
+    // Distinct random slots; token 4 is padding.
+    let mut slots: Vec<i64> = (0..(blocks * bs) as i64).collect();
+    for i in (1..slots.len()).rev() {
+        slots.swap(i, (splitmix64(seed.wrapping_add(i as u64)) % (i as u64 + 1)) as usize);
+    }
+    slots.truncate(tokens);
+    slots[4] = -1;
+    let (mut dq, dk, dv) = (
+        stream.clone_htod(&to2(&q)).unwrap(),
+        stream.clone_htod(&to2(&k)).unwrap(),
+        stream.clone_htod(&to2(&v)).unwrap(),
+    );
+    let (mut dkc, mut dvc) = (stream.clone_htod(&to2(&kc0)).unwrap(), stream.clone_htod(&to2(&vc0)).unwrap());
+    let (dids, dslots) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&slots).unwrap());
+    let cache_layout = Layout::bshd(blocks, bs, hk, d);
+    // A slot mapping of the wrong length: refused, nothing written.
+    {
+        let short = stream.clone_htod(&slots[..tokens - 1]).unwrap();
+        let (kv, vv) = (
+            View::new(&dk, Layout::packed(tokens, hk, d), &stream),
+            View::new(&dv, Layout::packed(tokens, hk, d), &stream),
+        );
+        let mut cache = KvCache::paged(&mut dkc, &mut dvc, cache_layout, &stream);
+        let positions = Positions::ids_i32(&dids, &stream);
+        let short = Slots::new(&short, &stream);
+        let args = Append { q: None, k: &kv, v: &vv, cache: &mut cache, positions: &positions, slots: Some(&short) };
+        let e = rope.append_kv_cudarc(args, &stream);
+        assert!(matches!(e, Err(Error::Length { what: "slots", .. })), "{e:?}");
+    }
+    assert_eq!(from2(&stream.clone_dtoh(&dkc).unwrap()), kc0, "a refused append wrote the key cache");
+    {
+        let mut qv = ViewMut::new(&mut dq, Layout::packed(tokens, hq, d), &stream);
+        let (kv, vv) = (
+            View::new(&dk, Layout::packed(tokens, hk, d), &stream),
+            View::new(&dv, Layout::packed(tokens, hk, d), &stream),
+        );
+        let mut cache = KvCache::paged(&mut dkc, &mut dvc, cache_layout, &stream);
+        let positions = Positions::ids_i32(&dids, &stream);
+        let slots = Slots::new(&dslots, &stream);
+        let args =
+            Append { q: Some(&mut qv), k: &kv, v: &vv, cache: &mut cache, positions: &positions, slots: Some(&slots) };
+        rope.append_kv_cudarc(args, &stream).unwrap();
+    }
+    let (gq, gkc, gvc) = (
+        from2(&stream.clone_dtoh(&dq).unwrap()),
+        from2(&stream.clone_dtoh(&dkc).unwrap()),
+        from2(&stream.clone_dtoh(&dvc).unwrap()),
+    );
+    let mut written = vec![false; blocks * bs];
+    for t in 0..tokens {
+        let qr = t * hq * d..(t + 1) * hq * d;
+        assert_rotated(&format!("q of token {t}"), &gq[qr.clone()], &q[qr], ids[t] as i64, &config);
+        if slots[t] < 0 {
+            continue;
+        }
+        let n = slots[t] as usize;
+        written[n] = true;
+        let (cr, kr) = (n * hk * d..(n + 1) * hk * d, t * hk * d..(t + 1) * hk * d);
+        assert_rotated(&format!("k of token {t}"), &gkc[cr.clone()], &k[kr.clone()], ids[t] as i64, &config);
+        assert_eq!(&gvc[cr], &v[kr], "v of token {t}");
+    }
+    for (n, w) in written.iter().enumerate() {
+        let r = n * hk * d..(n + 1) * hk * d;
+        if !w {
+            assert_eq!((&gkc[r.clone()], &gvc[r.clone()]), (&kc0[r.clone()], &vc0[r]), "slot {n} changed");
+        }
+    }
+}
+
+#[test]
+fn reference_update_on_cudarc_buffers() {
+    let Some((stream, kernels)) = cudarc_gpu("reference_update_on_cudarc_buffers") else { return };
+    let seed = test_seed("reference_update_on_cudarc_buffers");
+    let shape = KvShape { batch: 2, new_tokens: 3, heads: 2, head_dim: 16, cache_len: 32 };
+    let KvShape { batch: b, new_tokens: t, heads: h, head_dim: d, cache_len: s } = shape;
+    let f = |tensor: u64, n: usize| -> Vec<f32> { (0..n as u64).map(|i| uniform(seed, tensor, i)).collect() };
+    let (k_new, v_new) = (f(0, b * t * h * d), f(1, b * t * h * d));
+    let (cache_k, cache_v) = (f(2, b * s * h * d), f(3, b * s * h * d));
+    let angles: Vec<f64> =
+        (0..s).flat_map(|p| (0..d / 2).map(move |i| p as f64 / 10_000f64.powf(2.0 * i as f64 / d as f64))).collect();
+    let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos() as f32, a.sin() as f32)).unzip();
+    let positions: Vec<i32> = (0..(b * t) as u64).map(|i| (splitmix64(seed ^ i) % s as u64) as i32).collect();
+    let up = |x: &[f32]| stream.clone_htod(x).unwrap();
+    let (dk, dv, dc, ds, dck, dcv) = (up(&k_new), up(&v_new), up(&cos), up(&sin), up(&cache_k), up(&cache_v));
+    let dp = stream.clone_htod(&positions).unwrap();
+    let mut out = up(&vec![f32::from_bits(<f32 as TestElem>::POISON_BITS); 2 * b * s * h * d]);
+    let update = KvUpdate::new(&kernels).unwrap();
+    update.update_kv_cache_cudarc(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &dp, &mut out, &stream).unwrap();
+    update.check_errors_cudarc(&stream).unwrap();
+    let got = stream.clone_dtoh(&out).unwrap();
+    // The last token of a (sequence, position) wins; other rows are the old caches.
+    let mut want_k = cache_k.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let mut want_v = cache_v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    for (i, &p) in positions.iter().enumerate() {
+        let (seq, p) = (i / t, p as usize);
+        for hh in 0..h {
+            let src = (i * h + hh) * d;
+            let dst = ((seq * s + p) * h + hh) * d;
+            for j in 0..d / 2 {
+                let (c, sn) = (cos[p * d / 2 + j] as f64, sin[p * d / 2 + j] as f64);
+                let (x0, x1) = (k_new[src + 2 * j] as f64, k_new[src + 2 * j + 1] as f64);
+                want_k[dst + 2 * j] = x0 * c - x1 * sn;
+                want_k[dst + 2 * j + 1] = x1 * c + x0 * sn;
+            }
+            for j in 0..d {
+                want_v[dst + j] = v_new[src + j] as f64;
+            }
+        }
+    }
+    let half = b * s * h * d;
+    let err = rope_cuda::reference::relative_error(&got[..half], &want_k);
+    assert!(err < 2e-6, "keys: relative error {err}");
+    assert_eq!(got[half..].iter().map(|&x| x as f64).collect::<Vec<_>>(), want_v, "values");
+    // A positions buffer of the wrong length: refused, `out` untouched.
+    let short = stream.clone_htod(&positions[1..]).unwrap();
+    let mut fresh = up(&vec![0.5f32; 2 * half]);
+    let e = update.update_kv_cache_cudarc(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &short, &mut fresh, &stream);
+    assert!(matches!(e, Err(Error::Length { what: "positions", .. })), "{e:?}");
+    assert!(stream.clone_dtoh(&fresh).unwrap().iter().all(|&x| x == 0.5));
+}
