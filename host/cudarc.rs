@@ -68,6 +68,13 @@ impl CudarcElement for half::bf16 {
 }
 
 /// Binds `ctx` to the calling thread and loads the kernels into it.
+///
+/// ```
+/// let Ok(ctx) = cudarc::driver::CudaContext::new(0) else { return Ok(()) }; // no GPU
+/// let kernels = rope_cuda::cudarc::load(&ctx)?;
+/// assert_eq!(kernels.device(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn load(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))?;
     Kernels::load()
@@ -278,6 +285,26 @@ impl Rope {
     }
 
     /// [`Rope::apply`] on cudarc buffers and a cudarc stream of the kernels' context.
+    ///
+    /// ```
+    /// # let Ok(ctx) = cudarc::driver::CudaContext::new(0) else { return Ok(()) }; // no GPU
+    /// # let stream = ctx.default_stream();
+    /// # let kernels = rope_cuda::cudarc::load(&ctx)?;
+    /// use rope_cuda::cudarc::{Positions, View, ViewMut};
+    /// use rope_cuda::{Direction, Layout, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 128))?;
+    /// let l = Layout::bshd(1, 4, 2, 64);
+    /// let q = stream.clone_htod(&vec![0.5f32; 4 * 2 * 64])?;
+    /// let mut q_out = stream.alloc_zeros::<f32>(4 * 2 * 64)?;
+    /// let offsets = stream.clone_htod(&[10i32])?;
+    /// {
+    ///     let (qv, mut ov) = (View::new(&q, l, &stream), ViewMut::new(&mut q_out, l, &stream));
+    ///     let positions = Positions::offsets_i32(&offsets, &stream);
+    ///     rope.apply_cudarc(&qv, &mut ov, None, &positions, Direction::Forward, &stream)?;
+    /// }
+    /// rope.check_errors_cudarc(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn apply_cudarc(
         &self,
         q: &View<'_>,
@@ -297,6 +324,30 @@ impl Rope {
     }
 
     /// [`Rope::append_kv`] on cudarc buffers and a cudarc stream of the kernels' context.
+    ///
+    /// ```
+    /// # let Ok(ctx) = cudarc::driver::CudaContext::new(0) else { return Ok(()) }; // no GPU
+    /// # let stream = ctx.default_stream();
+    /// # let kernels = rope_cuda::cudarc::load(&ctx)?;
+    /// use rope_cuda::cudarc::{Append, KvCache, Positions, Slots, View};
+    /// use rope_cuda::{Layout, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 128))?;
+    /// let new = Layout::packed(2, 1, 64); // 2 tokens, 1 kv head
+    /// let (k, v) = (stream.clone_htod(&vec![1.0f32; 128])?, stream.clone_htod(&vec![2.0f32; 128])?);
+    /// let (mut kc, mut vc) = (stream.alloc_zeros::<f32>(4 * 16 * 64)?, stream.alloc_zeros::<f32>(4 * 16 * 64)?);
+    /// let (ids, slots) = (stream.clone_htod(&[7i32, 8])?, stream.clone_htod(&[23i64, -1])?); // token 1 is padding
+    /// {
+    ///     let (kv, vv) = (View::new(&k, new, &stream), View::new(&v, new, &stream));
+    ///     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 16, 1, 64), &stream);
+    ///     let (positions, slots) = (Positions::ids_i32(&ids, &stream), Slots::new(&slots, &stream));
+    ///     let args = Append { q: None, k: &kv, v: &vv, cache: &mut cache, positions: &positions, slots: Some(&slots) };
+    ///     rope.append_kv_cudarc(args, &stream)?;
+    /// }
+    /// rope.check_errors_cudarc(&stream)?;
+    /// let values = stream.clone_dtoh(&vc)?;
+    /// assert!(values[23 * 64..24 * 64].iter().all(|&x| x == 2.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn append_kv_cudarc(&self, args: Append<'_, '_>, stream: &CudaStream) -> Result<()> {
         let others =
             [Some(args.v.dtype), Some(args.cache.k.dtype), Some(args.cache.v.dtype), args.q.as_ref().map(|q| q.dtype)];
@@ -334,6 +385,22 @@ impl KvUpdate {
 
     /// [`KvUpdate::update_kv_cache`] on cudarc buffers and a cudarc stream of the kernels'
     /// context.
+    ///
+    /// ```
+    /// # let Ok(ctx) = cudarc::driver::CudaContext::new(0) else { return Ok(()) }; // no GPU
+    /// # let stream = ctx.default_stream();
+    /// # let kernels = rope_cuda::cudarc::load(&ctx)?;
+    /// use rope_cuda::seed::{KvShape, KvUpdate};
+    /// let shape = KvShape { batch: 1, new_tokens: 1, heads: 1, head_dim: 2, cache_len: 4 };
+    /// let (x, table) = (stream.clone_htod(&[1.0f32, 0.0])?, stream.clone_htod(&[1.0f32; 4])?);
+    /// let cache = stream.alloc_zeros::<f32>(8)?;
+    /// let positions = stream.clone_htod(&[2i32])?;
+    /// let mut out = stream.alloc_zeros::<f32>(16)?;
+    /// let update = KvUpdate::new(&kernels)?;
+    /// update.update_kv_cache_cudarc(shape, &x, &x, &table, &table, &cache, &cache, &positions, &mut out, &stream)?;
+    /// update.check_errors_cudarc(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn update_kv_cache_cudarc<T: CudarcElement>(
         &self,

@@ -6,13 +6,16 @@ use cust::error::CudaError;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// Not JSON, or not a JSON object at the top.
+    /// The text given is not JSON, or not a JSON object at the top. Pass the contents of the
+    /// model's `config.json` (the file's text, not its path).
     #[error("not a JSON object: {0}")]
     Json(String),
-    /// A field the configuration needs is absent.
+    /// A field the configuration needs is absent (named). Add it, or build the [`RopeConfig`](crate::RopeConfig)
+    /// by hand for a model whose config does not carry it.
     #[error("missing field `{0}`")]
     Missing(String),
-    /// A field has the wrong JSON type or an impossible value.
+    /// A field has the wrong JSON type or an impossible value (named, with what is wrong):
+    /// correct it in the config.
     #[error("field `{field}`: {problem}")]
     Invalid {
         /// The field's name (with its parent, for nested fields).
@@ -20,16 +23,20 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
-    /// `rope_type` (or `type`) names a scaling this crate does not implement.
+    /// `rope_type` (or `type`) names a scaling this crate does not implement. The known ones
+    /// are those of [`RopeScaling`](crate::RopeScaling); build a configuration by hand (its
+    /// frequencies, through [`HostTable::from_frequencies`](crate::HostTable::from_frequencies)) for others.
     #[error("unknown rope_type `{0}`")]
     UnknownRopeType(String),
-    /// The parameters differ per layer type; name one (`full_attention`, …).
+    /// The config's RoPE parameters differ per layer type: call
+    /// [`RopeConfig::from_hf_config_layer`](crate::RopeConfig::from_hf_config_layer) with one
+    /// of the types listed, and build one `Rope` per type.
     #[error("rope parameters differ per layer type ({available}); choose one with from_hf_config_layer")]
     LayerTypeNeeded {
         /// The layer types the config defines, comma-separated.
         available: String,
     },
-    /// The layer type asked for is not in the config.
+    /// The layer type asked for is not in the config: ask for one of those listed.
     #[error("no rope parameters for layer type `{asked}` (the config has: {available})")]
     NoSuchLayerType {
         /// The layer type asked for.
@@ -46,7 +53,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A tensor has the wrong number of dimensions.
+    /// A shape passed as a slice has the wrong number of dimensions (the seed operation takes
+    /// `[B, H, N, D]`): pass a shape of the rank named.
     #[error("{what}: expected a rank-{expected} shape, got {got:?}")]
     Rank {
         /// Which tensor.
@@ -56,7 +64,9 @@ pub enum Error {
         /// The shape that was passed.
         got: Vec<usize>,
     },
-    /// Two tensors disagree on an axis that must match, or an axis has the wrong extent.
+    /// An axis of a tensor does not match the configuration or the other tensors of the call
+    /// (q's batch and seq, k's head_dim, an output's shape, a cache's heads, …): make the
+    /// named axis the expected extent, or build the `Rope` for this head_dim.
     #[error("{what}: axis {axis} is {got}, expected {expected}")]
     Shape {
         /// Which tensor.
@@ -68,7 +78,9 @@ pub enum Error {
         /// The extent it has.
         got: usize,
     },
-    /// A buffer's length is not the number of elements its shape describes.
+    /// A buffer's length is not the number of elements its shape describes (positions: one per
+    /// token, or one per sequence for offsets; slots: one per token): pass a buffer of exactly
+    /// that length, or a slice of one.
     #[error("{what}: shape {shape:?} needs {expected} elements, but the buffer holds {got}")]
     Length {
         /// Which tensor.
@@ -80,13 +92,15 @@ pub enum Error {
         /// Length of the buffer.
         got: usize,
     },
-    /// The head dimension is zero or odd.
+    /// The head dimension is zero, odd, or above [`RopeConfig::MAX_HEAD_DIM`](crate::RopeConfig::MAX_HEAD_DIM): RoPE pairs
+    /// elements, so it must be even; check the model's `head_dim`.
     #[error("head_dim {head_dim} must be even and at least 2")]
     HeadDim {
         /// The rejected head dimension.
         head_dim: usize,
     },
-    /// The rotary dimension is zero, odd, or larger than the head dimension.
+    /// The rotary dimension is zero, odd, or larger than the head dimension: set an even
+    /// `rotary_dim` of at most `head_dim` (partial rotary: `head_dim * partial_rotary_factor`).
     #[error("rotary_dim {rotary_dim} must be even, at least 2 and at most head_dim {head_dim}")]
     RotaryDim {
         /// The rejected rotary dimension.
@@ -94,7 +108,8 @@ pub enum Error {
         /// The head dimension.
         head_dim: usize,
     },
-    /// A tensor's element type is not the configuration's.
+    /// A tensor's element type is not the configuration's (or, on the cudarc API, not the
+    /// other tensors'): build the `Rope` with [`RopeConfig::dtype`](crate::RopeConfig::dtype) of the buffers, or convert them.
     #[error("dtype {got:?} given, but this Rope was configured for {expected:?}")]
     DType {
         /// The configured type.
@@ -102,7 +117,8 @@ pub enum Error {
         /// The type given.
         got: crate::DType,
     },
-    /// A view reaches past the end of its buffer.
+    /// A view's layout (shape, strides, offset) reaches past the end of its buffer: fix the
+    /// layout, or pass the buffer the layout describes.
     #[error("{what}: the view reaches element {extent} but the buffer holds {len}")]
     OutOfBounds {
         /// Which tensor.
@@ -112,7 +128,9 @@ pub enum Error {
         /// Elements in the buffer.
         len: usize,
     },
-    /// A view that is written has elements sharing an address.
+    /// A view that is written has elements sharing an address (a stride smaller than what it
+    /// steps over, or a broadcast axis): written views need strides that keep every element
+    /// apart.
     #[error("{what}: the view is written but its rows overlap (strides {strides:?} for shape {shape:?})")]
     Overlap {
         /// Which tensor.
@@ -122,7 +140,9 @@ pub enum Error {
         /// Its strides.
         strides: [usize; 3],
     },
-    /// Two tensors of one launch share memory where one of them is written.
+    /// Two tensors of one launch share memory where one of them is written (an output over an
+    /// input, q over k, a cache over the new keys): give them separate memory, or rotate in
+    /// place with the same view as input and output.
     #[error("{a} and {b} share memory, and at least one of them is written")]
     Aliasing {
         /// One tensor.
@@ -130,10 +150,12 @@ pub enum Error {
         /// The other.
         b: &'static str,
     },
-    /// q is rotated in place and k out of place, or the reverse.
+    /// q is rotated in place and k out of place, or the reverse: give both outputs, or
+    /// neither.
     #[error("q and k must both be rotated in place or both out of place")]
     InPlaceMismatch,
-    /// A device address is not aligned to its element size.
+    /// A device address is not aligned to what is read there (its element size; 16 bytes for
+    /// the benchmarks' copy): start the view on an element boundary.
     #[error("{what}: device address {address:#x} is not aligned to {align} bytes")]
     Alignment {
         /// Which buffer.
@@ -143,7 +165,10 @@ pub enum Error {
         /// The alignment required.
         align: usize,
     },
-    /// Tokens were given positions outside the table; they were left untouched.
+    /// Tokens were given positions outside `0..max_position` (reported after the launch, by
+    /// `check_errors` or a checked configuration); they were left untouched, and, for KV
+    /// appends, not written to the cache. Fix the positions, or build the `Rope` with a
+    /// larger `max_position` (and, for a contiguous cache, a longer cache).
     #[error(
         "{count} token(s) had positions outside 0..{max_position}; the first is token {token} at position {position}"
     )]
@@ -157,8 +182,9 @@ pub enum Error {
         /// Number of offending tokens since the record was last read.
         count: u64,
     },
-    /// Tokens were given cache slots outside the cache (other than `-1`, padding); their
-    /// keys and values were not written.
+    /// Tokens were given cache slots outside the cache (other than `-1`, padding; reported
+    /// after the launch); their keys and values were not written. Fix the slot mapping, or
+    /// pass the cache it was made for.
     #[error("{count} token(s) had cache slots outside 0..{num_slots}; the first is token {token} at slot {slot}")]
     SlotOutOfRange {
         /// The lowest offending token index.
@@ -170,17 +196,19 @@ pub enum Error {
         /// Number of offending tokens since the record was last read.
         count: u64,
     },
-    /// The slot mapping does not fit the cache: a paged cache needs one, a contiguous cache
-    /// takes positions instead.
+    /// The slot mapping does not fit the cache: a paged cache ([`KvCache::paged`](crate::KvCache::paged)) needs
+    /// one, a contiguous cache takes its rows from the positions and must be given none.
     #[error("{0}")]
     SlotMapping(&'static str),
-    /// The rotary base is not a finite number greater than zero.
+    /// The rotary base (`rope_theta`) is not a finite number greater than zero: check the
+    /// model's value.
     #[error("base {base} must be finite and greater than 0")]
     Base {
         /// The rejected base.
         base: f64,
     },
-    /// A RoPE scaling parameter is out of its range (not finite, not positive, …).
+    /// A RoPE scaling parameter is out of its range (not finite, not positive, a band whose
+    /// low bound exceeds its high one, …): correct the named parameter.
     #[error("rope scaling: {field} = {value} is out of range")]
     Scaling {
         /// The parameter's name in `config.json`.
@@ -188,7 +216,8 @@ pub enum Error {
         /// The rejected value.
         value: f64,
     },
-    /// A per-pair list of a RoPE scaling (LongRoPE's factors) has the wrong length.
+    /// A per-pair list of a RoPE scaling (LongRoPE's factors) has the wrong length: it needs
+    /// one entry per rotated pair, `rotary_dim / 2`.
     #[error("rope scaling: {field} has {got} entries, expected one per pair: {expected}")]
     ScalingLength {
         /// The parameter's name.
@@ -198,10 +227,13 @@ pub enum Error {
         /// Entries given.
         got: usize,
     },
-    /// A model's `config.json` could not be read as a RoPE configuration.
+    /// A model's `config.json` could not be read as a RoPE configuration: the inner error
+    /// names the field.
     #[error("config.json: {0}")]
     Config(#[from] ConfigError),
-    /// The call needs positions beyond the cos/sin table.
+    /// The call needs positions beyond the configuration's `max_position` (sequential
+    /// positions of a sequence longer than it, or a zero `max_position`): build the `Rope`
+    /// with a larger `max_position`, or pass explicit positions.
     #[error("positions up to {needed} are needed, but the table covers only 0..{max_position}")]
     MaxPosition {
         /// One past the largest position the call needs.
@@ -209,7 +241,8 @@ pub enum Error {
         /// Number of positions the table holds.
         max_position: usize,
     },
-    /// A size exceeds what one launch can address.
+    /// A size exceeds what one launch can address (32-bit token, head and slot counts; grid
+    /// limits): split the call into smaller ones.
     #[error("{what} = {value} exceeds the limit {limit}")]
     TooLarge {
         /// Which quantity.
@@ -219,7 +252,9 @@ pub enum Error {
         /// The largest accepted value.
         limit: u64,
     },
-    /// A kernel is missing from the embedded PTX, or the module failed to load.
+    /// The embedded PTX failed to load into the current context, or an entry point is missing
+    /// from it: make a context current first (`cust::quick_init`, or binding cudarc's), and
+    /// check that the driver supports the PTX's target ([`ARCH`](crate::ARCH)).
     #[error("loading kernel {name} failed: {source}")]
     KernelLoad {
         /// The kernel's entry-point name.
@@ -234,8 +269,9 @@ pub enum Error {
         /// The kernel key asked for.
         key: String,
     },
-    /// A buffer lives on another device than the kernels (and the `Rope` or `KvUpdate`)
-    /// that would use it.
+    /// A buffer (or a cudarc stream) belongs to another device or context than the kernels
+    /// the `Rope` or `KvUpdate` was made with: use one `Kernels` per device, and that device's
+    /// buffers and streams with it.
     #[error("{what} is memory of device {got}; the kernels were loaded on device {expected}")]
     Device {
         /// The buffer.
@@ -245,13 +281,17 @@ pub enum Error {
         /// The buffer's device ordinal.
         got: i32,
     },
-    /// A call that cannot go into a CUDA graph was made while capturing or recording one.
+    /// A call that cannot go into a CUDA graph was made while capturing or recording one
+    /// (`check_errors`, a checked configuration, a KV call of more than
+    /// [`KV_SCAN_MAX_TOKENS`](crate::KV_SCAN_MAX_TOKENS) tokens): make it outside the graph.
     #[error("{0} cannot be captured or recorded into a CUDA graph")]
     NotCapturable(&'static str),
-    /// The CUDA driver reported an error through cust.
+    /// The CUDA driver reported an error through cust (out of memory, an earlier fault on the
+    /// stream, no device): the driver's error says which.
     #[error("CUDA driver error: {0}")]
     Cuda(#[from] CudaError),
-    /// A driver call made directly (not through cust) failed.
+    /// A driver call made directly (not through cust) failed with the `CUresult` given (see
+    /// the CUDA driver API's list of error codes).
     #[error("{call} failed with CUresult {code}")]
     Driver {
         /// The driver function.

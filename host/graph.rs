@@ -189,6 +189,28 @@ impl Graph {
     /// the other thread's call fail, ended the capture with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`,
     /// or crashed the process inside the driver's `cuModuleUnload`. Where other threads work
     /// in the context, use [`Graph::record`].
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Direction, Graph, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 4096))?;
+    /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 4 * 64])?;
+    /// let ids = DeviceBuffer::from_slice(&[0i32, 1, 2, 3])?;
+    /// let graph = Graph::capture(&stream, || {
+    ///     let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
+    ///     rope.apply_in_place(&mut qv, None, Positions::IdsI32(&ids), Direction::Forward, &stream)
+    /// })?;
+    /// for _ in 0..3 {
+    ///     // SAFETY: `rope`, `q` and `ids` outlive the replays, which the synchronisation below
+    ///     // waits for.
+    ///     unsafe { graph.launch(&stream)? };
+    /// }
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capture(stream: &Stream, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
         let raw = stream.as_inner();
         let mode = cuda::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -207,6 +229,26 @@ impl Graph {
     /// may use the context meanwhile as they like. Only this library's operations are
     /// recorded: anything else `queue` does runs as it would. If `queue` fails, the graph is
     /// discarded and its error returned.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Direction, Graph, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 4096))?;
+    /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 4 * 64])?;
+    /// let offsets = DeviceBuffer::from_slice(&[100i64])?;
+    /// // The calls' stream is not used while recording: the launches become nodes of the graph.
+    /// let graph = Graph::record(|| {
+    ///     let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
+    ///     rope.apply_in_place(&mut qv, None, Positions::OffsetsI64(&offsets), Direction::Forward, &stream)
+    /// })?;
+    /// // SAFETY: `rope`, `q` and `offsets` outlive the replay, which the synchronisation waits for.
+    /// unsafe { graph.launch(&stream)? };
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn record(queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
         if RECORDING.with_borrow(Option::is_some) {
             return Err(Error::NotCapturable("Graph::record inside Graph::record"));

@@ -95,6 +95,21 @@ impl RopeConfig {
     /// Like [`RopeConfig::from_hf_config`], for the layers of type `layer_type`
     /// (`full_attention`, `sliding_attention`, …) of a config with per-layer parameters; a
     /// config with one set of parameters serves every layer type.
+    ///
+    /// ```
+    /// use rope_cuda::{ConfigError, Error, RopeConfig};
+    /// let json = r#"{"model_type": "gemma4_text", "hidden_size": 2560, "num_attention_heads": 8,
+    ///     "head_dim": 256, "max_position_embeddings": 131072,
+    ///     "layer_types": ["sliding_attention", "full_attention"],
+    ///     "rope_parameters": {
+    ///         "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25},
+    ///         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}"#;
+    /// let local = RopeConfig::from_hf_config_layer(json, "sliding_attention")?;
+    /// let global = RopeConfig::from_hf_config_layer(json, "full_attention")?;
+    /// assert_eq!((local.base, global.base), (10_000.0, 1_000_000.0));
+    /// assert!(matches!(RopeConfig::from_hf_config(json), Err(Error::Config(ConfigError::LayerTypeNeeded { .. }))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_hf_config_layer(json: &str, layer_type: &str) -> Result<RopeConfig> {
         let config = parse(json, Some(layer_type))?;
         config.validate()?;

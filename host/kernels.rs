@@ -50,6 +50,14 @@ pub(crate) struct Geometry {
 impl Kernels {
     /// Loads the embedded PTX into the current context and resolves every entry point of the
     /// kernel list.
+    ///
+    /// ```
+    /// let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // a context, current on this thread
+    /// let kernels = rope_cuda::Kernels::load()?; // every entry point resolved, once
+    /// let rope = rope_cuda::Rope::new(&kernels, rope_cuda::RopeConfig::new(64, 128))?;
+    /// assert!(std::sync::Arc::ptr_eq(rope.kernels(), &kernels));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load() -> Result<Arc<Self>> {
         let module = Module::from_ptx(PTX, &[]).map_err(|source| Error::KernelLoad { name: "module", source })?;
         let mut functions = [std::ptr::null_mut(); EntryPoint::ALL.len()];

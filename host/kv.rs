@@ -47,12 +47,39 @@ pub struct KvCache<'a, T> {
 
 impl<'a, T: Element> KvCache<'a, T> {
     /// A contiguous cache: token `s` of sequence `b` goes to row `position` of block `b`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // [batch 4, 2 kv heads, 1024 positions, 128], as many engines keep it.
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; 4 * 2 * 1024 * 128])?, DeviceBuffer::from_slice(&vec![0.0f32; 4 * 2 * 1024 * 128])?);
+    /// let cache = KvCache::contiguous(&mut k, &mut v, Layout::bhsd(4, 2, 1024, 128));
+    /// # let _ = cache;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn contiguous(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
         Self::new(k, v, layout, false)
     }
 
     /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
     /// `slot / block_size`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // vLLM's flash layout: [num_blocks 256, block_size 16, 8 kv heads, 128].
+    /// let n = 256 * 16 * 8 * 128;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; n])?, DeviceBuffer::from_slice(&vec![0.0f32; n])?);
+    /// let cache = KvCache::paged(&mut k, &mut v, Layout::bshd(256, 16, 8, 128));
+    /// assert!(cache.raw().paged);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn paged(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
         Self::new(k, v, layout, true)
     }
@@ -360,6 +387,29 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
 /// launches, without a GPU: `Ok` means that call would launch (or, with no work, return at
 /// once), `Err` is the typed error it would return. Reads no device memory (positions and
 /// slots are checked by the kernels, which skip and record those out of range).
+///
+/// ```
+/// use rope_cuda::{
+///     validate_append, DType, Error, Layout, PositionKind, RawKvArgs, RawKvCache, RawPositions, RawTensor, RopeConfig,
+/// };
+/// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+/// let t = |i: u64, layout: Layout| RawTensor { ptr: i << 30, len: layout.extent().unwrap(), layout };
+/// let new = Layout::bshd(4, 1, 8, 128); // 4 sequences, one new token each, 8 kv heads
+/// let cache = Layout::bshd(64, 16, 8, 128); // 64 pages of 16 slots
+/// let args = RawKvArgs {
+///     dtype: DType::BF16,
+///     q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
+///     k: t(2, new),
+///     v: t(3, new),
+///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true },
+///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
+///     slots: Some((7 << 30, 4)),
+/// };
+/// assert_eq!(validate_append(&config, &args), Ok(()));
+/// let unpaged = RawKvArgs { slots: None, ..args };
+/// assert!(matches!(validate_append(&config, &unpaged), Err(Error::SlotMapping(_))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
     config.validate()?;
     let table = detached_table(config.rotary_dim);
@@ -376,6 +426,33 @@ impl Rope {
     /// entirely and a slot outside the cache skips its writes; both are recorded and reported
     /// by [`Rope::check_errors`]. When several tokens name one slot, the last one's key and
     /// value are written. Values are copied bit for bit; nothing else in the caches changes.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::{KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, Tensor};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 32))?;
+    /// // 2 sequences, 1 new token each, 2 kv heads; a contiguous cache of 32 positions.
+    /// let new = Layout::bshd(2, 1, 2, 64);
+    /// let (k, v) = (DeviceBuffer::from_slice(&vec![1.0f32; 256])?, DeviceBuffer::from_slice(&vec![2.0f32; 256])?);
+    /// let mut kc = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 32 * 2 * 64])?;
+    /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 32 * 2 * 64])?;
+    /// let pos = DeviceBuffer::from_slice(&[0i32, 5])?;
+    /// let (kt, vt) = (Tensor::new(&k, new), Tensor::new(&v, new));
+    /// let mut cache = KvCache::contiguous(&mut kc, &mut vc, Layout::bshd(2, 32, 2, 64));
+    /// let args = KvAppend { q: None, k: &kt, v: &vt, cache: &mut cache, positions: Positions::IdsI32(&pos), slots: None };
+    /// rope.append_kv(args, &stream)?;
+    /// rope.check_errors(&stream)?;
+    /// let mut values = vec![0.0f32; 2 * 32 * 2 * 64];
+    /// vc.copy_to(&mut values[..])?;
+    /// // Sequence 1's token went to row 5: its values are there, the row before is untouched.
+    /// let row = |s: usize, p: usize| (s * 32 + p) * 2 * 64;
+    /// assert!(values[row(1, 5)..row(1, 6)].iter().all(|&x| x == 2.0));
+    /// assert!(values[row(1, 4)..row(1, 5)].iter().all(|&x| x == 0.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn append_kv<T: Element>(&self, args: KvAppend<'_, '_, T>, stream: &Stream) -> Result<()> {
         let raw = RawKvArgs {
             dtype: T::DTYPE,
@@ -400,6 +477,35 @@ impl Rope {
     /// As [`Rope::apply_raw`]: each address is a live allocation of this context holding at
     /// least `len` elements of its type, not freed or written by others until the work
     /// queued on `stream` completes.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{DType, KvCache, Layout, PositionKind, RawKvArgs, RawPositions, RawTensor, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 32))?;
+    /// let new = Layout::bshd(1, 2, 1, 64);
+    /// let (k, v) = (DeviceBuffer::from_slice(&vec![1.0f32; 128])?, DeviceBuffer::from_slice(&vec![2.0f32; 128])?);
+    /// let mut kc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
+    /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
+    /// let (pos, slots) = (DeviceBuffer::from_slice(&[3i32, 4])?, DeviceBuffer::from_slice(&[9i64, 10])?);
+    /// let raw = |b: &DeviceBuffer<f32>| RawTensor { ptr: b.as_device_ptr().as_raw(), len: b.len(), layout: new };
+    /// let args = RawKvArgs {
+    ///     dtype: DType::F32,
+    ///     q: None,
+    ///     k: raw(&k),
+    ///     v: raw(&v),
+    ///     cache: KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw(),
+    ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos.as_device_ptr().as_raw(), len: 2 },
+    ///     slots: Some((slots.as_device_ptr().as_raw(), 2)),
+    /// };
+    /// // SAFETY: every address is a live allocation of this context of the length given, kept until
+    /// // `check_errors` synchronises.
+    /// unsafe { rope.append_kv_raw(&args, stream.as_inner())? };
+    /// rope.check_errors(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub unsafe fn append_kv_raw(&self, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
         let spec = KvSpec::of(&self.config);
         let Some(plan) = plan_kv(&spec, args, self.table.view(), self.core.records.sink())? else { return Ok(()) };

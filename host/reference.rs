@@ -11,6 +11,18 @@ use crate::tensor::Element;
 /// Pair `i < rotary_dim / 2` turns by `position * inv_freq[i]` (negated for
 /// [`Direction::Inverse`]), `inv_freq[i] = 1 / base^(2i / rotary_dim)`; elements past
 /// `rotary_dim` are copied.
+///
+/// ```
+/// use rope_cuda::reference::rope_row;
+/// use rope_cuda::{Direction, RopeStyle};
+/// let x = [1.0, 0.0, 0.0, 1.0];
+/// let y = rope_row(&x, 2.0, 10_000.0, 4, RopeStyle::GptJ, Direction::Forward);
+/// // Pair 0 turns by 2 rad: (cos 2, sin 2).
+/// assert!((y[0] - 2f64.cos()).abs() < 1e-15 && (y[1] - 2f64.sin()).abs() < 1e-15);
+/// let back = rope_row(&y, 2.0, 10_000.0, 4, RopeStyle::GptJ, Direction::Inverse);
+/// assert!(back.iter().zip(x).all(|(a, b)| (a - b).abs() < 1e-15));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn rope_row(
     x: &[f64],
     position: f64,
@@ -25,6 +37,15 @@ pub fn rope_row(
 
 /// [`rope_row`] for any frequencies (one per pair, `2 * inv_freq.len()` rotary dims) with
 /// cos and sin multiplied by `attention` (see [`crate::RopeScaling::frequencies`]).
+///
+/// ```
+/// use rope_cuda::reference::rope_row_freqs;
+/// use rope_cuda::{Direction, RopeStyle};
+/// // NeoX pairs (x[0], x[1]) with frequency 0.5, and cos and sin scaled by 2.
+/// let y = rope_row_freqs(&[1.0, 0.0], 1.0, &[0.5], 2.0, RopeStyle::NeoX, Direction::Forward);
+/// assert!((y[0] - 2.0 * 0.5f64.cos()).abs() < 1e-15 && (y[1] - 2.0 * 0.5f64.sin()).abs() < 1e-15);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn rope_row_freqs(
     x: &[f64],
     position: f64,
@@ -52,6 +73,12 @@ pub fn rope_row_freqs(
 /// Rotate-half (NeoX) RoPE of one row in f64: `out = x * cos + rotate_half(x) * sin`, with
 /// the angle of pair `i` equal to `position * inv_freq[i]`, `inv_freq[i] = 1 / base^(2i / D)`
 /// and `D = x.len()`. Every value is computed from scratch in f64.
+///
+/// ```
+/// let y = rope_cuda::reference::rope_neox_row(&[3.0, 4.0], 0.0, 10_000.0);
+/// assert_eq!(y, vec![3.0, 4.0]); // position 0
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn rope_neox_row(x: &[f64], position: f64, base: f64) -> Vec<f64> {
     rope_row(x, position, base, x.len(), RopeStyle::NeoX, Direction::Forward)
 }
@@ -192,6 +219,12 @@ pub fn uniform_vec(seed: u64, tensor: u64, n: usize) -> Vec<f32> {
 ///
 /// # Panics
 /// If the lengths differ.
+///
+/// ```
+/// let e = rope_cuda::reference::relative_error(&[1.0, 2.0], &[1.0, 2.0 + 1e-3]);
+/// assert!((e - 1e-3 / (1.0 + 2.001f64.powi(2)).sqrt()).abs() < 1e-12);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn relative_error(out: &[f32], reference: &[f64]) -> f64 {
     assert_eq!(out.len(), reference.len(), "relative_error: lengths differ");
     let (mut num, mut den) = (0.0, 0.0);

@@ -61,6 +61,18 @@ pub struct Rope {
 
 impl Rope {
     /// Validates `config`, builds its table and uploads it, in the current context.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use rope_cuda::{DType, Error, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(128, 8192).base(500_000.0).dtype(DType::BF16))?;
+    /// assert_eq!(rope.table().max_position(), 8192);
+    /// // A bad configuration is a typed error, before anything is allocated.
+    /// assert!(matches!(Rope::new(&kernels, RopeConfig::new(127, 8192)), Err(Error::HeadDim { head_dim: 127 })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(kernels: &Arc<Kernels>, config: RopeConfig) -> Result<Self> {
         config.validate()?;
         let table = RopeTable::from_config(&config)?;
@@ -83,6 +95,26 @@ impl Rope {
     }
 
     /// Rotates `q` (and `k`) in place.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::{Direction, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
+    /// // [1 sequence, 2 tokens, 4 heads, 64]
+    /// let x: Vec<f32> = (0..2 * 4 * 64).map(|i| (i % 13) as f32 - 6.0).collect();
+    /// let mut q = DeviceBuffer::from_slice(&x)?;
+    /// let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 2, 4, 64));
+    /// rope.apply_in_place(&mut qv, None, Positions::Sequential, Direction::Forward, &stream)?;
+    /// rope.check_errors(&stream)?; // synchronises
+    /// let mut out = vec![0.0f32; x.len()];
+    /// q.copy_to(&mut out[..])?;
+    /// assert_eq!(out[..4 * 64], x[..4 * 64]); // token 0 is at position 0: no rotation
+    /// assert_ne!(out[4 * 64..], x[4 * 64..]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn apply_in_place<T: Element>(
         &self,
         q: &mut TensorMut<'_, T>,
@@ -107,6 +139,29 @@ impl Rope {
 
     /// Writes rotated `q` into `q_out` (and `k` into `k_out`); dims past `rotary_dim` are
     /// copied bit for bit.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::{Direction, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16).rotary_dim(32))?;
+    /// let l = Layout::bshd(1, 3, 2, 64);
+    /// let x: Vec<f32> = (0..3 * 2 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
+    /// let (q, k) = (DeviceBuffer::from_slice(&x)?, DeviceBuffer::from_slice(&x)?);
+    /// let mut q_out = DeviceBuffer::from_slice(&vec![0.0f32; x.len()])?;
+    /// let mut k_out = DeviceBuffer::from_slice(&vec![0.0f32; x.len()])?;
+    /// let ids = DeviceBuffer::from_slice(&[5i32, 6, 7])?;
+    /// let (qt, kt) = (Tensor::new(&q, l), Tensor::new(&k, l));
+    /// let (mut qo, mut ko) = (TensorMut::new(&mut q_out, l), TensorMut::new(&mut k_out, l));
+    /// rope.apply(&qt, &mut qo, Some((&kt, &mut ko)), Positions::IdsI32(&ids), Direction::Forward, &stream)?;
+    /// stream.synchronize()?;
+    /// let mut out = vec![0.0f32; x.len()];
+    /// q_out.copy_to(&mut out[..])?;
+    /// assert_eq!(out[32..64], x[32..64]); // dims past rotary_dim are copied bit for bit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn apply<T: Element>(
         &self,
         q: &Tensor<'_, T>,
@@ -141,6 +196,31 @@ impl Rope {
     /// at least `len` elements of `args.dtype` (positions: of their kind's integer type), not
     /// freed or written by others until the work queued on `stream` completes; `stream` is a
     /// valid stream of that context (or null, the legacy default stream).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{DType, Direction, Layout, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
+    /// let q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
+    /// let raw = RawTensor { ptr: q.as_device_ptr().as_raw(), len: q.len(), layout: Layout::bshd(1, 2, 1, 64) };
+    /// let args = RawArgs {
+    ///     dtype: DType::F32,
+    ///     q: raw,
+    ///     q_out: None,
+    ///     k: None,
+    ///     k_out: None,
+    ///     positions: RawPositions::SEQUENTIAL,
+    ///     direction: Direction::Forward,
+    /// };
+    /// // SAFETY: `q` is a live allocation of 128 f32 in this context, kept until the stream is
+    /// // synchronised below.
+    /// unsafe { rope.apply_raw(&args, stream.as_inner())? };
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub unsafe fn apply_raw(&self, args: &RawArgs, stream: cuda::CUstream) -> Result<()> {
         let Some(plan) = plan(&self.config, args, self.table.view(), self.core.records.sink())? else {
             return Ok(());
@@ -166,6 +246,25 @@ impl Rope {
     ///
     /// The record is shared by every stream this `Rope` launches on: with several streams,
     /// synchronise the others first so that their launches are reported too.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Direction, Error, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
+    /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
+    /// let ids = DeviceBuffer::from_slice(&[3i32, 99])?; // 99 is past the table
+    /// let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 2, 1, 64));
+    /// rope.apply_in_place(&mut qv, None, Positions::IdsI32(&ids), Direction::Forward, &stream)?;
+    /// match rope.check_errors(&stream) {
+    ///     Err(Error::PositionOutOfRange { token: 1, position: 99, max_position: 16, count: 1 }) => {}
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// rope.check_errors(&stream)?; // reported once: the record is clear again
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
         self.core.check_errors(stream, self.config.max_position)
     }
@@ -175,6 +274,25 @@ impl Rope {
 /// without a GPU: `Ok` means that call would launch (or, with no work, return at once), `Err`
 /// is the typed error it would return. Reads no device memory (positions are checked by the
 /// kernels, which skip and record those out of range).
+///
+/// ```
+/// use rope_cuda::{validate, DType, Direction, Error, Layout, RawArgs, RawPositions, RawTensor, RopeConfig};
+/// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+/// let q = RawTensor { ptr: 1 << 20, len: 2 * 8 * 128, layout: Layout::bshd(1, 2, 8, 128) };
+/// let args = RawArgs {
+///     dtype: DType::BF16,
+///     q,
+///     q_out: None,
+///     k: None,
+///     k_out: None,
+///     positions: RawPositions::SEQUENTIAL,
+///     direction: Direction::Forward,
+/// };
+/// assert_eq!(validate(&config, &args), Ok(()));
+/// let short = RawArgs { q: RawTensor { len: 100, ..q }, ..args };
+/// assert!(matches!(validate(&config, &short), Err(Error::OutOfBounds { what: "q", .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     config.validate()?;
     let table = detached_table(config.rotary_dim);

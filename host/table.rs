@@ -33,6 +33,16 @@ impl HostTable {
     /// Each angle `p * inv_freq[i]` is formed and reduced in f64, so every stored value is
     /// the correctly rounded f32 of a value within a few f64 ulps of the exact one, at any
     /// position (position 2^20 included).
+    ///
+    /// ```
+    /// let table = rope_cuda::HostTable::new(64, 10_000.0, 16)?;
+    /// assert_eq!((table.half, table.cos.len()), (32, 16 * 32));
+    /// assert_eq!((table.cos[0], table.sin[0]), (1.0, 0.0)); // position 0
+    /// // Position 1, pair 0: angle 1 (inv_freq[0] = 1); the residual carries what f32 rounds off.
+    /// let c = table.cos[32] as f64 + table.cos_lo[32] as f64;
+    /// assert!((c - 1f64.cos()).abs() < 1e-12);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
         check_table_args(rotary_dim, base, max_position)?;
         let freqs: Vec<f64> = (0..rotary_dim / 2).map(|i| inv_freq(base, rotary_dim, i)).collect();
@@ -42,6 +52,14 @@ impl HostTable {
     /// Builds the table of `inv_freq` (one per pair, from [`crate::RopeScaling::frequencies`]
     /// or any other source) with both cos and sin multiplied by `attention`, in f64 before
     /// rounding, as [`HostTable::new`] does.
+    ///
+    /// ```
+    /// let table = rope_cuda::HostTable::from_frequencies(&[1.0, 0.5], 2.0, 3)?;
+    /// // cos and sin carry the attention factor 2.
+    /// assert_eq!((table.cos[0], table.sin[0]), (2.0, 0.0));
+    /// assert!((table.cos[2] as f64 - 2.0 * 1f64.cos()).abs() < 1e-6); // position 1, pair 0
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_frequencies(inv_freq: &[f64], attention: f64, max_position: usize) -> Result<Self> {
         if inv_freq.is_empty() {
             return Err(Error::HeadDim { head_dim: 0 });
@@ -71,6 +89,14 @@ impl HostTable {
 
 /// The table row of position `p`: for each pair, `[cos, sin, cos_lo, sin_lo]` as
 /// [`HostTable::from_frequencies`] stores them (for checking single rows at any position).
+///
+/// ```
+/// // One row at a position far past any table: [cos, sin, cos_lo, sin_lo] per pair.
+/// let row: Vec<[f32; 4]> = rope_cuda::table_row(&[1.0, 1e-4], 1.0, 1 << 30).collect();
+/// assert_eq!(row.len(), 2);
+/// assert!(((row[1][0] as f64 + row[1][2] as f64) - (1e-4 * (1u64 << 30) as f64).cos()).abs() < 1e-9);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [f32; 4]> + '_ {
     inv_freq.iter().map(move |&f| {
         let (s, c) = (p as f64 * f).sin_cos();
@@ -101,12 +127,32 @@ impl RopeTable {
 
     /// Builds the table of plain RoPE on the host (see [`HostTable::new`]) and uploads it
     /// to the current context.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// let table = rope_cuda::RopeTable::new(128, 500_000.0, 8192)?;
+    /// assert_eq!((table.rotary_dim(), table.max_position(), table.attention_factor()), (128, 8192, 1.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
         Self::upload(&HostTable::new(rotary_dim, base, max_position)?, base, 1.0)
     }
 
     /// Builds the table of `config` (its scaling included, see [`RopeConfig::frequencies`])
     /// and uploads it to the current context.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use rope_cuda::{RopeConfig, RopeScaling, RopeTable};
+    /// let config = RopeConfig::new(64, 1024).scaling(RopeScaling::Linear { factor: 4.0 });
+    /// let table = RopeTable::from_config(&config)?;
+    /// assert_eq!(table.max_position(), 1024);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_config(config: &RopeConfig) -> Result<Self> {
         let (freqs, attention) = config.frequencies()?;
         let host = HostTable::from_frequencies(&freqs, attention, config.max_position)?;

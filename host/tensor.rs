@@ -61,6 +61,18 @@ impl<T> Copy for Tensor<'_, T> {}
 
 impl<'a, T: Element> Tensor<'a, T> {
     /// Views `buf` through `layout` (checked against the buffer when used).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Layout, Tensor};
+    /// let k = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 8 * 64])?;
+    /// let view = Tensor::new(&k, Layout::bhsd(1, 2, 8, 64)); // [1, 2 heads, 8 tokens, 64]
+    /// # let _ = view;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(buf: &'a DeviceSlice<T>, layout: Layout) -> Self {
         Tensor { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
     }
@@ -76,12 +88,41 @@ pub struct TensorMut<'a, T> {
 
 impl<'a, T: Element> TensorMut<'a, T> {
     /// Views `buf` through `layout` (checked against the buffer when used).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Layout, TensorMut};
+    /// let mut q = DeviceBuffer::from_slice(&vec![0.0f32; 5 * 4 * 64])?;
+    /// let view = TensorMut::new(&mut q, Layout::packed(5, 4, 64)); // 5 packed tokens, 4 heads
+    /// let read_only = view.as_tensor();
+    /// # let _ = read_only;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(buf: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
         TensorMut { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
     }
 
     /// Two writable views of one buffer, such as q and k in a fused QKV buffer. Launches
     /// check that they share no element (else [`Error::Aliasing`](crate::Error::Aliasing)).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{Layout, TensorMut};
+    /// // Rows of 8 q heads, 2 k heads and 2 v heads of 64, 3 tokens.
+    /// let row = 12 * 64;
+    /// let mut qkv = DeviceBuffer::from_slice(&vec![0.0f32; 3 * row])?;
+    /// let q = Layout::strided([1, 3, 8, 64], [3 * row, row, 64], 0);
+    /// let k = Layout::strided([1, 3, 2, 64], [3 * row, row, 64], 8 * 64);
+    /// let (q, k) = TensorMut::pair(&mut qkv, q, k);
+    /// # let _ = (q, k);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn pair(buf: &'a mut DeviceSlice<T>, a: Layout, b: Layout) -> (Self, Self) {
         let (ptr, len) = (buf.as_device_ptr().as_raw(), buf.len());
         let view = |layout| TensorMut { raw: RawTensor { ptr, len, layout }, _borrow: PhantomData };

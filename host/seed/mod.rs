@@ -76,6 +76,15 @@ impl Bhnd {
 
 impl RotaryModel {
     /// Builds the table for `head_dim = dim`, positions `0..max_seq_len` and `base`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// let model = rope_cuda::seed::RotaryModel::new(&kernels, 64, 4096, 10_000.0)?;
+    /// assert_eq!((model.dim(), model.table().max_position()), (64, 4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(kernels: &Arc<Kernels>, dim: usize, max_seq_len: usize, base: f64) -> Result<Self> {
         Ok(RotaryModel { rope: Rope::new(kernels, RopeConfig::new(dim, max_seq_len).base(base))? })
     }
@@ -94,6 +103,26 @@ impl RotaryModel {
     ///
     /// `q` is `[B, Hq, N, D]` and `k` `[B, Hk, N, D]`, contiguous. The work is queued on
     /// `stream`; synchronise it before reading the results on the host.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::seed::RotaryModel;
+    /// let model = RotaryModel::new(&kernels, 64, 256, 10_000.0)?;
+    /// let shape = [2, 4, 16, 64];
+    /// let x: Vec<f32> = (0..2 * 4 * 16 * 64).map(|i| (i % 11) as f32 * 0.25).collect();
+    /// let (q, k) = (DeviceBuffer::from_slice(&x)?, DeviceBuffer::from_slice(&x)?);
+    /// let (q_rot, k_rot) = model.forward(&q, &shape, &k, &shape, &stream)?;
+    /// stream.synchronize()?;
+    /// let (mut a, mut b) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+    /// q_rot.copy_to(&mut a[..])?;
+    /// k_rot.copy_to(&mut b[..])?;
+    /// assert_eq!(a, b); // the same inputs, the same outputs
+    /// assert_eq!(a[..64], x[..64]); // position 0 of head 0 is not rotated
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn forward(
         &self,
         q: &DeviceSlice<f32>,
@@ -112,6 +141,23 @@ impl RotaryModel {
     }
 
     /// [`forward`](Self::forward) into caller-owned outputs of the same shapes (no allocation).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::seed::RotaryModel;
+    /// let model = RotaryModel::new(&kernels, 64, 256, 10_000.0)?;
+    /// let (q_shape, k_shape) = ([1, 8, 16, 64], [1, 2, 16, 64]); // fewer k heads
+    /// let q = DeviceBuffer::from_slice(&vec![0.5f32; 8 * 16 * 64])?;
+    /// let k = DeviceBuffer::from_slice(&vec![0.5f32; 2 * 16 * 64])?;
+    /// let mut q_out = DeviceBuffer::from_slice(&vec![0.0f32; q.len()])?;
+    /// let mut k_out = DeviceBuffer::from_slice(&vec![0.0f32; k.len()])?;
+    /// model.forward_into(&q, &q_shape, &k, &k_shape, &mut q_out, &mut k_out, &stream)?;
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn forward_into(
         &self,
@@ -130,6 +176,23 @@ impl RotaryModel {
     }
 
     /// Rotates `q` and `k` in place.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{seed::RotaryModel, Error};
+    /// let model = RotaryModel::new(&kernels, 64, 16, 10_000.0)?;
+    /// let mut q = DeviceBuffer::from_slice(&vec![0.5f32; 32 * 64])?;
+    /// let mut k = DeviceBuffer::from_slice(&vec![0.5f32; 32 * 64])?;
+    /// model.forward_in_place(&mut q, &[1, 2, 16, 64], &mut k, &[1, 2, 16, 64], &stream)?;
+    /// // Longer than the table: refused before any launch.
+    /// let e = model.forward_in_place(&mut q, &[1, 1, 32, 64], &mut k, &[1, 1, 32, 64], &stream);
+    /// assert!(matches!(e, Err(Error::MaxPosition { needed: 32, max_position: 16 })));
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn forward_in_place(
         &self,
         q: &mut DeviceSlice<f32>,

@@ -110,6 +110,30 @@ impl KvUpdate {
     /// ([`KvUpdate::check_errors`]).
     ///
     /// Every buffer's length must be exactly its shape's; an `Err` means nothing was queued.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::seed::{KvShape, KvUpdate};
+    /// let shape = KvShape { batch: 1, new_tokens: 2, heads: 1, head_dim: 4, cache_len: 8 };
+    /// let new = DeviceBuffer::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])?;
+    /// // Tables of angle 0 at every position (cos 1, sin 0): keys are written unrotated.
+    /// let (cos, sin) = (DeviceBuffer::from_slice(&[1.0f32; 16])?, DeviceBuffer::from_slice(&[0.0f32; 16])?);
+    /// let cache = DeviceBuffer::from_slice(&[0.0f32; 32])?;
+    /// let positions = DeviceBuffer::from_slice(&[6i32, 2])?;
+    /// let mut out = DeviceBuffer::from_slice(&[-1.0f32; 64])?;
+    /// let update = KvUpdate::new(&kernels)?;
+    /// update.update_kv_cache(shape, &new, &new, &cos, &sin, &cache, &cache, &positions, &mut out, &stream)?;
+    /// update.check_errors(&stream)?;
+    /// let mut host = [0.0f32; 64];
+    /// out.copy_to(&mut host[..])?;
+    /// assert_eq!(host[24..28], [1.0, 2.0, 3.0, 4.0]); // token 0 at position 6 of the key cache
+    /// assert_eq!(host[32 + 8..32 + 12], [5.0, 6.0, 7.0, 8.0]); // token 1 at position 2 of the values
+    /// assert_eq!(host[0..4], [0.0; 4]); // the rest is the old cache
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn update_kv_cache<T: Element>(
         &self,
@@ -148,6 +172,38 @@ impl KvUpdate {
     /// elements of `dtype` (positions: i32), not freed, and (`out`) not read or written by
     /// others, until the work queued on `stream` completes; `stream` is a stream of that
     /// context.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::seed::{KvShape, KvUpdate, UpdateBuffers};
+    /// use rope_cuda::DType;
+    /// let shape = KvShape { batch: 1, new_tokens: 1, heads: 1, head_dim: 2, cache_len: 4 };
+    /// let x = DeviceBuffer::from_slice(&[1.0f32, 0.0])?;
+    /// let table = DeviceBuffer::from_slice(&[1.0f32; 4])?;
+    /// let cache = DeviceBuffer::from_slice(&[0.0f32; 8])?;
+    /// let positions = DeviceBuffer::from_slice(&[3i32])?;
+    /// let out = DeviceBuffer::from_slice(&[0.0f32; 16])?;
+    /// let of = |b: &DeviceBuffer<f32>| (b.as_device_ptr().as_raw(), b.len());
+    /// let buffers = UpdateBuffers {
+    ///     k_new: of(&x),
+    ///     v_new: of(&x),
+    ///     cos: of(&table),
+    ///     sin: of(&table),
+    ///     cache_k: of(&cache),
+    ///     cache_v: of(&cache),
+    ///     positions: (positions.as_device_ptr().as_raw(), 1),
+    ///     out: of(&out),
+    /// };
+    /// let update = KvUpdate::new(&kernels)?;
+    /// // SAFETY: every address is a live allocation of this context of the length given, `out`
+    /// // used by nothing else, all kept until `check_errors` synchronises.
+    /// unsafe { update.update_kv_cache_raw(DType::F32, shape, &buffers, stream.as_inner())? };
+    /// update.check_errors(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub unsafe fn update_kv_cache_raw(
         &self,
         dtype: DType,
@@ -255,6 +311,25 @@ impl KvUpdate {
 
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions recorded
     /// since the last check.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::seed::{KvShape, KvUpdate};
+    /// use rope_cuda::Error;
+    /// let shape = KvShape { batch: 1, new_tokens: 1, heads: 1, head_dim: 2, cache_len: 4 };
+    /// let (x, table) = (DeviceBuffer::from_slice(&[1.0f32, 0.0])?, DeviceBuffer::from_slice(&[1.0f32; 4])?);
+    /// let cache = DeviceBuffer::from_slice(&[0.0f32; 8])?;
+    /// let positions = DeviceBuffer::from_slice(&[4i32])?; // the cache holds 0..4
+    /// let mut out = DeviceBuffer::from_slice(&[0.0f32; 16])?;
+    /// let update = KvUpdate::new(&kernels)?;
+    /// update.update_kv_cache(shape, &x, &x, &table, &table, &cache, &cache, &positions, &mut out, &stream)?;
+    /// let e = update.check_errors(&stream);
+    /// assert!(matches!(e, Err(Error::PositionOutOfRange { token: 0, position: 4, max_position: 4, .. })), "{e:?}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_errors(&self, stream: &Stream) -> Result<()> {
         self.check_errors_raw(stream.as_inner())
     }

@@ -36,7 +36,7 @@
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod div;
 pub mod entries;
