@@ -339,7 +339,7 @@ impl<T: Elem> Io for Vec8<T> {
 fn put_elem<T: Elem>(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
     if T::SIZE == 4 {
         out[i] = T::narrow(v);
-    } else if i.is_multiple_of(2) {
+    } else if i % 2 == 0 {
         *pending = v;
     } else {
         out[i / 2] = T::narrow2(*pending, v);
