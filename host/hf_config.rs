@@ -11,7 +11,26 @@ use crate::scaling::RopeScaling;
 
 /// `model_type`s whose attention rotates interleaved pairs (GPT-J style). A config's
 /// `rope_interleave` flag, where present, decides instead.
-pub const INTERLEAVED_MODEL_TYPES: &[&str] = &["gptj", "codegen", "chatglm", "glm", "cohere", "cohere2", "deepseek_v2"];
+///
+/// Llama 4 (`llama4`, and `llama4_text` of its `text_config`) multiplies interleaved pairs as
+/// complex numbers (transformers' `apply_rotary_emb`, `view_as_complex` over pairs
+/// `(x[2i], x[2i + 1])`); DeepSeek-V3 and Kimi K2 configs omit `rope_interleave`, whose default
+/// in transformers' config classes is true (`apply_rotary_pos_emb_interleave`: interleaved
+/// pairs, written back de-interleaved; see the README for why the library's interleaved
+/// layout gives the same attention scores).
+pub const INTERLEAVED_MODEL_TYPES: &[&str] = &[
+    "gptj",
+    "codegen",
+    "chatglm",
+    "glm",
+    "cohere",
+    "cohere2",
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "llama4",
+    "llama4_text",
+];
 
 type Parse<T> = std::result::Result<T, ConfigError>;
 

@@ -75,7 +75,8 @@ pub enum RopeScaling {
     },
     /// Llama 3.1: wavelengths longer than `original_max_position_embeddings /
     /// low_freq_factor` are divided by `factor`, shorter than `… / high_freq_factor` kept, and
-    /// a smooth blend between.
+    /// a smooth blend between (no band at all where the two factors are equal, as in Llama 4
+    /// Scout's config).
     Llama3 {
         /// The scaling factor (8 for Llama 3.1).
         factor: f64,
@@ -228,7 +229,9 @@ impl RopeScaling {
                 let factor = positive("factor", *factor)?;
                 let (low, high) =
                     (positive("low_freq_factor", *low_freq_factor)?, positive("high_freq_factor", *high_freq_factor)?);
-                if high <= low {
+                // `high == low` (Llama 4 Scout: both 1) leaves no band between the two
+                // wavelengths: every frequency is kept or divided, none blended.
+                if high < low {
                     return Err(Error::Scaling { field: "high_freq_factor", value: high });
                 }
                 let old = positive("original_max_position_embeddings", *original_max_position_embeddings as f64)?;
@@ -237,7 +240,9 @@ impl RopeScaling {
                     .into_iter()
                     .map(|f| {
                         let wavelen = 2.0 * PI / f;
-                        if wavelen < high_wavelen {
+                        if wavelen < high_wavelen || (wavelen <= low_wavelen && high == low) {
+                            // (At a wavelength exactly on an empty band's edge transformers
+                            // divides 0 by 0; the frequency is kept here.)
                             f
                         } else if wavelen > low_wavelen {
                             f / factor

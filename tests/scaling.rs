@@ -419,3 +419,54 @@ fn scaled_configs_on_the_gpu() {
     let llama = RopeConfig::from_hf_config(&config_json("llama-3.1-8b.json")).unwrap().frequencies().unwrap().0;
     assert!(plain.iter().zip(&llama).filter(|(a, b)| a != b).count() > 10);
 }
+
+/// Llama 4 Scout's config (`llama3` scaling with `low_freq_factor` = `high_freq_factor` = 1, in
+/// its `text_config`): accepted, every frequency either kept (wavelength up to the original
+/// context) or divided by the factor, as transformers' `_compute_llama3_parameters` gives
+/// where its blend band is empty; interleaved pairs (Llama 4 multiplies them as complex
+/// numbers).
+#[test]
+fn llama4_scout_config_is_read() {
+    let json = r#"{"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40,
+            "head_dim": 128, "max_position_embeddings": 10485760, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+            "no_rope_layers": [1, 1, 1, 0]}}"#;
+    let config = RopeConfig::from_hf_config(json).unwrap();
+    assert_eq!((config.head_dim, config.rotary_dim, config.max_position), (128, 128, 10_485_760));
+    assert_eq!(config.style, RopeStyle::GptJ);
+    let (freqs, attention) = config.frequencies().unwrap();
+    assert_eq!(attention, 1.0);
+    for (i, f) in freqs.iter().enumerate() {
+        let plain = 1.0 / 500_000f64.powf(2.0 * i as f64 / 128.0);
+        let want = if 2.0 * std::f64::consts::PI / plain > 8192.0 { plain / 16.0 } else { plain };
+        assert_eq!(*f, want, "pair {i}");
+    }
+    assert!(freqs.iter().any(|f| *f < 1.0 / 500_000f64.powf(0.5)), "some frequencies are divided");
+    // A high factor below the low one is still refused.
+    let bad = json.replace(r#""high_freq_factor": 1.0"#, r#""high_freq_factor": 0.5"#);
+    assert!(matches!(RopeConfig::from_hf_config(&bad), Err(Error::Scaling { field: "high_freq_factor", .. })));
+}
+
+/// The pairing each model family's attention code uses, where its config does not say:
+/// DeepSeek-V3 and Kimi K2 interleave (`rope_interleave` defaults to true), Llama 4 too; an
+/// explicit `rope_interleave` wins either way.
+#[test]
+fn model_families_get_their_pairing() {
+    let config = |model_type: &str, extra: &str| {
+        let json = format!(
+            r#"{{"model_type": "{model_type}", "hidden_size": 1024, "num_attention_heads": 8,
+                "max_position_embeddings": 4096{extra}}}"#
+        );
+        RopeConfig::from_hf_config(&json).unwrap().style
+    };
+    for t in ["deepseek_v3", "kimi_k2", "llama4_text", "deepseek_v2", "gptj", "cohere2", "glm"] {
+        assert_eq!(config(t, ""), RopeStyle::GptJ, "{t}");
+    }
+    for t in ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "gpt_neox", "gpt_oss"] {
+        assert_eq!(config(t, ""), RopeStyle::NeoX, "{t}");
+    }
+    assert_eq!(config("deepseek_v3", r#", "rope_interleave": false"#), RopeStyle::NeoX);
+    assert_eq!(config("llama", r#", "rope_interleave": true"#), RopeStyle::GptJ);
+}
