@@ -3,6 +3,63 @@
 use crate::error::{Error, Result};
 use crate::scaling::RopeScaling;
 pub use rope_cuda_kernels::keys::{DType, RopeStyle};
+pub use rope_cuda_kernels::views::MropeBands;
+
+/// Multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni, Qwen3-VL, GLM-4.1V): each token has
+/// three positions (temporal, height, width), and each pair of the rotary dims turns by one
+/// of them. Text tokens carry three equal positions, so they turn as in plain RoPE.
+///
+/// ```
+/// use rope_cuda::Mrope;
+/// // Qwen2-VL, head_dim 128: pairs 0..16 temporal, 16..40 height, 40..64 width.
+/// let qwen2 = Mrope::new([16, 24, 24], false);
+/// assert_eq!((qwen2.stream(15), qwen2.stream(16), qwen2.stream(40)), (0, 1, 2));
+/// // Qwen3-VL: the streams interleave (t, h, w, t, h, w, ...) while their sections last.
+/// let qwen3 = Mrope::new([24, 20, 20], true);
+/// assert_eq!((qwen3.stream(0), qwen3.stream(1), qwen3.stream(2), qwen3.stream(61)), (0, 1, 2, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mrope {
+    /// Pairs per stream (transformers' `mrope_section`); they add up to `rotary_dim / 2`.
+    pub sections: [usize; 3],
+    /// Qwen3-VL's layout (`mrope_interleaved`): the streams take pairs in turn; otherwise
+    /// (Qwen2-VL) each takes a contiguous band, in order.
+    pub interleaved: bool,
+}
+
+impl Mrope {
+    /// Sections and layout.
+    pub const fn new(sections: [usize; 3], interleaved: bool) -> Self {
+        Mrope { sections, interleaved }
+    }
+
+    /// The bands as the kernels read them.
+    pub fn bands(&self) -> MropeBands {
+        let s = self.sections.map(|n| n.min(u32::MAX as usize / 4) as u32);
+        match self.interleaved {
+            false => MropeBands::Contiguous(s),
+            true => MropeBands::Interleaved(s),
+        }
+    }
+
+    /// The stream (0: temporal, 1: height, 2: width) of pair `i`.
+    pub fn stream(&self, i: usize) -> usize {
+        self.bands().stream(i as u32) as usize
+    }
+
+    /// Checks that the streams take exactly their sections' pairs of `half` pairs.
+    pub fn validate(&self, half: usize) -> Result<()> {
+        let mut counts = [0usize; 3];
+        for i in 0..half {
+            counts[self.stream(i)] += 1;
+        }
+        match counts == self.sections {
+            true => Ok(()),
+            false => Err(Error::MropeSections { sections: self.sections, interleaved: self.interleaved, half }),
+        }
+    }
+}
 
 /// Largest number of positions: the kernels index positions in 32 bits.
 pub const MAX_POSITION_LIMIT: usize = i32::MAX as usize;
@@ -69,6 +126,9 @@ pub struct RopeConfig {
     pub seq_len: Option<usize>,
     /// Heads per thread of the RoPE kernels.
     pub grouping: HeadGrouping,
+    /// Multimodal RoPE: positions come as three streams ([`Positions::StreamsI32`](crate::Positions::StreamsI32),
+    /// [`Positions::StreamsI64`](crate::Positions::StreamsI64)), each pair turning by one of them.
+    pub mrope: Option<Mrope>,
 }
 
 impl RopeConfig {
@@ -88,7 +148,14 @@ impl RopeConfig {
             scaling: RopeScaling::Default,
             seq_len: None,
             grouping: HeadGrouping::Auto,
+            mrope: None,
         }
+    }
+
+    /// Sets multimodal RoPE.
+    pub fn mrope(mut self, mrope: Option<Mrope>) -> Self {
+        self.mrope = mrope;
+        self
     }
 
     /// Sets the scaling.
@@ -165,6 +232,9 @@ impl RopeConfig {
                 value: self.max_position as u64,
                 limit: MAX_POSITION_LIMIT as u64,
             });
+        }
+        if let Some(m) = &self.mrope {
+            m.validate(self.rotary_dim / 2)?;
         }
         self.frequencies().map(drop)
     }

@@ -178,6 +178,16 @@ impl<'a> Positions<'a> {
         Self::of(PositionKind::OffsetsI64, buf, stream)
     }
 
+    /// Multimodal RoPE: three i32 positions per token, `[3, batch * seq]`.
+    pub fn streams_i32(buf: &'a impl DevicePtr<i32>, stream: &'a CudaStream) -> Self {
+        Self::of(PositionKind::StreamsI32, buf, stream)
+    }
+
+    /// Multimodal RoPE: three i64 positions per token, `[3, batch * seq]`.
+    pub fn streams_i64(buf: &'a impl DevicePtr<i64>, stream: &'a CudaStream) -> Self {
+        Self::of(PositionKind::StreamsI64, buf, stream)
+    }
+
     fn of<T>(kind: PositionKind, buf: &'a impl DevicePtr<T>, stream: &'a CudaStream) -> Self {
         let len = buf.len();
         let (ptr, sync) = buf.device_ptr(stream);

@@ -36,6 +36,27 @@ pub enum ConfigError {
         /// The layer types the config defines, comma-separated.
         available: String,
     },
+    /// The config's `model_type` is not one whose pairing style this crate has checked
+    /// against the model's code (named; empty when the config has none), and strictness was
+    /// asked for ([`RopeConfig::from_hf_config_strict`](crate::RopeConfig::from_hf_config_strict),
+    /// [`HfConfig::strict`](crate::HfConfig::strict)). Read the model's attention code and
+    /// set the style by hand, or use the lenient reading, which assumes rotate-half pairs.
+    #[error("model_type `{0}`: its pairing style is not known (strict reading)")]
+    UnknownModelType(String),
+    /// The config's `model_type` (named) has no rotary embeddings: its positions are absolute
+    /// embeddings or ALiBi ([`NO_ROPE_MODEL_TYPES`](crate::NO_ROPE_MODEL_TYPES)). Such a model
+    /// needs no RoPE.
+    #[error("model_type `{0}` does not use rotary position embeddings")]
+    NoRope(String),
+    /// The layer asked for is past the config's layers (`num_hidden_layers`, or the length of
+    /// `layer_types` or `no_rope_layers`): ask for a layer below `layers`.
+    #[error("layer {layer} asked for, the config has {layers}")]
+    NoSuchLayer {
+        /// The layer asked for.
+        layer: usize,
+        /// The layers the config describes.
+        layers: usize,
+    },
     /// The layer type asked for is not in the config: ask for one of those listed.
     #[error("no rope parameters for layer type `{asked}` (the config has: {available})")]
     NoSuchLayerType {
@@ -200,6 +221,34 @@ pub enum Error {
     /// one, a contiguous cache takes its rows from the positions and must be given none.
     #[error("{0}")]
     SlotMapping(&'static str),
+    /// Multimodal RoPE's sections do not give each stream its pairs: the three sections
+    /// (`mrope_section`) must add up to half the rotary dimension, and, interleaved, each of
+    /// the height and width sections must fit its every-third pairs. Take the sections from
+    /// the model's config with its head and rotary dims.
+    #[error("mrope sections {sections:?} (interleaved: {interleaved}) do not split {half} pairs")]
+    MropeSections {
+        /// The sections given.
+        sections: [usize; 3],
+        /// Whether the layout is interleaved.
+        interleaved: bool,
+        /// Pairs of the rotary dimension (`rotary_dim / 2`).
+        half: usize,
+    },
+    /// The positions' kind does not fit the configuration: a multimodal (MRoPE) configuration
+    /// takes three streams (`Positions::StreamsI32`/`StreamsI64`, `[3, batch * seq]`), any
+    /// other configuration takes one position per token (ids, offsets or sequential).
+    #[error("positions: expected {expected}, got {got:?}")]
+    PositionKind {
+        /// What the configuration takes.
+        expected: &'static str,
+        /// The kind given.
+        got: rope_cuda_kernels::views::PositionKind,
+    },
+    /// A multimodal (MRoPE) append needs a paged cache with a slot mapping: its positions are
+    /// not cache rows (image tokens share positions). Address a contiguous cache as a paged
+    /// one (`block_size` = its sequence length, slot = `b * block_size + row`).
+    #[error("a multimodal (MRoPE) append needs a paged cache and a slot mapping")]
+    MropeCache,
     /// The rotary base (`rope_theta`) is not a finite number greater than zero: check the
     /// model's value.
     #[error("base {base} must be finite and greater than 0")]

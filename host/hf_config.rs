@@ -5,11 +5,12 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{DType, RopeConfig, RopeStyle};
+use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{ConfigError, Result};
 use crate::scaling::RopeScaling;
 
-/// `model_type`s whose attention rotates interleaved pairs (GPT-J style). A config's
+/// `model_type`s whose attention rotates interleaved pairs (GPT-J style), each checked
+/// against its model's code in transformers (see the README's table). A config's
 /// `rope_interleave` flag, where present, decides instead.
 ///
 /// Llama 4 (`llama4`, and `llama4_text` of its `text_config`) multiplies interleaved pairs as
@@ -17,12 +18,16 @@ use crate::scaling::RopeScaling;
 /// `(x[2i], x[2i + 1])`); DeepSeek-V3 and Kimi K2 configs omit `rope_interleave`, whose default
 /// in transformers' config classes is true (`apply_rotary_pos_emb_interleave`: interleaved
 /// pairs, written back de-interleaved; see the README for why the library's interleaved
-/// layout gives the same attention scores).
+/// layout gives the same attention scores). `chatglm` (ChatGLM2/3, remote code) rotates
+/// interleaved pairs of the first half of each head, as GLM does.
 pub const INTERLEAVED_MODEL_TYPES: &[&str] = &[
     "gptj",
     "codegen",
     "chatglm",
     "glm",
+    "glm4",
+    "glm4v",
+    "glm4v_text",
     "cohere",
     "cohere2",
     "deepseek_v2",
@@ -30,7 +35,62 @@ pub const INTERLEAVED_MODEL_TYPES: &[&str] = &[
     "kimi_k2",
     "llama4",
     "llama4_text",
+    "ernie4_5",
+    "ernie4_5_moe",
 ];
+
+/// `model_type`s whose attention rotates halves (`rotate_half`, GPT-NeoX style), each checked
+/// against its model's code in transformers (see the README's table). Any other
+/// `model_type` also gets rotate-half pairs, but [`HfConfig::style_source`] says that it was
+/// assumed, and [`HfConfig::strict`] refuses it.
+pub const NEOX_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "qwen2_vl",
+    "qwen2_vl_text",
+    "qwen2_5_vl",
+    "qwen2_5_vl_text",
+    "qwen3_vl",
+    "qwen3_vl_text",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "phi3",
+    "phi4_multimodal",
+    "stablelm",
+    "gpt_neox",
+    "falcon",
+    "olmo2",
+    "glm4_moe",
+    "gpt_oss",
+    "granite",
+];
+
+/// `model_type`s without rotary embeddings (learned or sinusoidal absolute positions, or
+/// ALiBi): reading one is [`ConfigError::NoRope`]. (`ernie` is the BERT-style ERNIE encoder;
+/// ERNIE 4.5 is `ernie4_5`.)
+pub const NO_ROPE_MODEL_TYPES: &[&str] = &["bert", "ernie", "gpt2", "opt", "bloom", "mpt"];
+
+/// Where a configuration's pairing style came from ([`HfConfig::style_source`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StyleSource {
+    /// The config's own `rope_interleave` flag.
+    RopeInterleave,
+    /// A `model_type` whose style this crate checked against the model's code (named).
+    ModelType(String),
+    /// A `model_type` this crate does not know (named; empty when the config has none):
+    /// rotate-half pairs were assumed. Check the model's attention code, and set the style
+    /// ([`RopeConfig::style`]) if it rotates interleaved pairs.
+    Assumed(String),
+}
 
 type Parse<T> = std::result::Result<T, ConfigError>;
 
@@ -106,9 +166,22 @@ impl RopeConfig {
     /// # Ok::<(), rope_cuda::Error>(())
     /// ```
     pub fn from_hf_config(json: &str) -> Result<RopeConfig> {
-        let config = parse(json, None)?;
-        config.validate()?;
-        Ok(config)
+        HfConfig::parse(json)?.rope()
+    }
+
+    /// [`RopeConfig::from_hf_config`], refusing a `model_type` whose pairing style this crate
+    /// has not checked ([`ConfigError::UnknownModelType`]) instead of assuming rotate-half.
+    ///
+    /// ```
+    /// use rope_cuda::{ConfigError, Error, RopeConfig};
+    /// let json = r#"{"model_type": "my_new_model", "head_dim": 64, "num_attention_heads": 8,
+    ///     "max_position_embeddings": 4096}"#;
+    /// assert!(RopeConfig::from_hf_config(json).is_ok()); // rotate-half, assumed
+    /// assert!(matches!(RopeConfig::from_hf_config_strict(json), Err(Error::Config(ConfigError::UnknownModelType(_)))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_hf_config_strict(json: &str) -> Result<RopeConfig> {
+        HfConfig::parse(json)?.strict()?.rope()
     }
 
     /// Like [`RopeConfig::from_hf_config`], for the layers of type `layer_type`
@@ -130,27 +203,242 @@ impl RopeConfig {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn from_hf_config_layer(json: &str, layer_type: &str) -> Result<RopeConfig> {
-        let config = parse(json, Some(layer_type))?;
-        config.validate()?;
-        Ok(config)
+        HfConfig::parse(json)?.rope_for_type(layer_type)
     }
 }
 
-fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
+/// A model's `config.json`, read once: its text model's settings, for the RoPE
+/// configuration of the model ([`HfConfig::rope`]), of a layer type
+/// ([`HfConfig::rope_for_type`]) or of a layer ([`HfConfig::layer`], `None` for a layer
+/// without RoPE), and where the pairing style came from ([`HfConfig::style_source`]).
+///
+/// ```
+/// use rope_cuda::{HfConfig, RopeStyle, StyleSource};
+/// // Llama 4: every fourth layer has no RoPE (`no_rope_layers`), pairs are interleaved.
+/// let json = r#"{"model_type": "llama4", "text_config": {"model_type": "llama4_text",
+///     "head_dim": 128, "num_attention_heads": 40, "num_hidden_layers": 8,
+///     "max_position_embeddings": 10485760, "rope_theta": 500000.0,
+///     "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}}"#;
+/// let model = HfConfig::parse(json)?;
+/// assert_eq!(model.num_layers(), Some(8));
+/// assert!(model.layer(3)?.is_none());
+/// let layer0 = model.layer(0)?.expect("layer 0 rotates");
+/// assert_eq!(layer0.style, RopeStyle::GptJ);
+/// assert_eq!(model.style_source(), StyleSource::ModelType("llama4_text".into()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfConfig {
+    /// The text model's settings (the top level, or its `text_config`).
+    text: Map<String, Value>,
+    /// The top level's `model_type`.
+    model_type: String,
+}
+
+impl HfConfig {
+    /// Reads `config.json`'s text (multimodal configs: their `text_config`, or Qwen2.5-Omni's
+    /// `thinker_config.text_config`). Malformed JSON is a [`ConfigError`], never a panic.
+    pub fn parse(json: &str) -> Result<HfConfig> {
+        Ok(text_of(json)?)
+    }
+
+    /// The top level's `model_type` (empty if absent).
+    pub fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    /// The text model's `model_type` (its `text_config`'s, else the top level's).
+    pub fn text_model_type(&self) -> &str {
+        self.text.get("model_type").and_then(Value::as_str).unwrap_or(&self.model_type)
+    }
+
+    /// Where the pairing style comes from: `rope_interleave`, a checked `model_type` (the text
+    /// model's or the top level's), or an assumption.
+    pub fn style_source(&self) -> StyleSource {
+        if matches!(self.text.get("rope_interleave"), Some(Value::Bool(_))) {
+            return StyleSource::RopeInterleave;
+        }
+        for t in [self.text_model_type(), self.model_type()] {
+            if INTERLEAVED_MODEL_TYPES.contains(&t) || NEOX_MODEL_TYPES.contains(&t) {
+                return StyleSource::ModelType(t.to_string());
+            }
+        }
+        StyleSource::Assumed(self.text_model_type().to_string())
+    }
+
+    /// `self`, or [`ConfigError::UnknownModelType`] when the style would be assumed.
+    pub fn strict(self) -> Result<HfConfig> {
+        match self.style_source() {
+            StyleSource::Assumed(t) => Err(ConfigError::UnknownModelType(t).into()),
+            _ => Ok(self),
+        }
+    }
+
+    /// Number of layers (`num_hidden_layers`, `n_layer`, `num_layers`), if the config says.
+    pub fn num_layers(&self) -> Option<usize> {
+        first_integer(&self.text, &["num_hidden_layers", "n_layer", "num_layers"]).ok().flatten()
+    }
+
+    /// Layer `layer`'s type: `layer_types[layer]`, or for Gemma 3 and Cohere 2 configs
+    /// without it, their `sliding_window_pattern` rule (every `pattern`-th layer full
+    /// attention, the others sliding; Gemma 3's default pattern is 6, Cohere 2's 4).
+    pub fn layer_type(&self, layer: usize) -> Result<Option<String>> {
+        match self.text.get("layer_types") {
+            Some(Value::Array(types)) => {
+                return match types.get(layer) {
+                    Some(Value::String(t)) => Ok(Some(t.clone())),
+                    _ => Err(self.no_such_layer(layer, types.len())),
+                };
+            }
+            None | Some(Value::Null) => {}
+            Some(_) => return Err(invalid("layer_types", "expected an array of strings").into()),
+        }
+        let default_pattern = match self.text_model_type() {
+            "gemma3" | "gemma3_text" => 6,
+            "cohere2" => 4,
+            _ => return Ok(None),
+        };
+        let pattern = integer(&self.text, "sliding_window_pattern")?.unwrap_or(default_pattern).max(1);
+        let full = (layer + 1) % pattern == 0;
+        Ok(Some(if full { "full_attention" } else { "sliding_attention" }.to_string()))
+    }
+
+    /// Whether layer `layer` applies RoPE: `no_rope_layers[layer]` where the config lists it
+    /// (Llama 4, SmolLM3: nonzero means RoPE); Llama 4 without the list: all but every
+    /// `no_rope_layer_interval`-th layer (default 4); Cohere 2: only its sliding-window
+    /// layers; every other model: every layer.
+    pub fn layer_uses_rope(&self, layer: usize) -> Result<bool> {
+        if let Some(n) = self.num_layers() {
+            if layer >= n {
+                return Err(self.no_such_layer(layer, n));
+            }
+        }
+        match self.text.get("no_rope_layers") {
+            Some(Value::Array(flags)) if !flags.is_empty() => {
+                return match flags.get(layer) {
+                    Some(Value::Bool(b)) => Ok(*b),
+                    Some(v) if v.as_f64().is_some() => Ok(v.as_f64() != Some(0.0)),
+                    Some(_) => Err(invalid("no_rope_layers", "expected numbers or booleans").into()),
+                    None => Err(self.no_such_layer(layer, flags.len())),
+                };
+            }
+            None | Some(Value::Null) | Some(Value::Array(_)) => {}
+            Some(_) => return Err(invalid("no_rope_layers", "expected an array").into()),
+        }
+        Ok(match self.text_model_type() {
+            "llama4" | "llama4_text" => {
+                let interval = integer(&self.text, "no_rope_layer_interval")?.unwrap_or(4).max(1);
+                (layer + 1) % interval != 0
+            }
+            "cohere2" => self.layer_type(layer)?.as_deref() != Some("full_attention"),
+            _ => true,
+        })
+    }
+
+    /// Layer `layer`'s RoPE configuration, or `None` for a layer without RoPE
+    /// ([`HfConfig::layer_uses_rope`]); parameters per layer type where the config has them
+    /// ([`HfConfig::layer_type`]).
+    pub fn layer(&self, layer: usize) -> Result<Option<RopeConfig>> {
+        if !self.layer_uses_rope(layer)? {
+            return Ok(None);
+        }
+        let layer_type = self.layer_type(layer)?;
+        let head_dim = self.head_dim_of(Some(layer), layer_type.as_deref())?;
+        let config = parse(&self.text, layer_type.as_deref(), &self.model_type, head_dim)?;
+        config.validate()?;
+        Ok(Some(config))
+    }
+
+    /// A layer's own head dimension, where it differs from `head_dim`: transformers'
+    /// `per_layer_config[layer].head_dim`, or Gemma 4's full-attention layers' `global_head_dim`
+    /// (512 where the config leaves it out, as transformers' `Gemma4TextConfig`).
+    fn head_dim_of(&self, layer: Option<usize>, layer_type: Option<&str>) -> Parse<Option<usize>> {
+        if let (Some(layer), Some(Value::Object(per))) = (layer, self.text.get("per_layer_config")) {
+            if let Some(Value::Object(own)) = per.get(&layer.to_string()) {
+                if let Some(d) = integer(own, "head_dim")? {
+                    return Ok(Some(d));
+                }
+            }
+        }
+        let gemma4 = matches!(self.text_model_type(), "gemma4" | "gemma4_text");
+        if gemma4 && layer_type == Some("full_attention") {
+            if let Some(d) = integer(&self.text, "global_head_dim")? {
+                return Ok(Some(d));
+            }
+            // A saved config carries the override per layer: take a full-attention layer's.
+            if let Some(Value::Object(per)) = self.text.get("per_layer_config") {
+                for (k, v) in per {
+                    let full = k.parse().ok().and_then(|l| self.layer_type(l).ok().flatten());
+                    if let (Some("full_attention"), Value::Object(own)) = (full.as_deref(), v) {
+                        if let Some(d) = integer(own, "head_dim")? {
+                            return Ok(Some(d));
+                        }
+                    }
+                }
+            }
+            return Ok(Some(512));
+        }
+        Ok(None)
+    }
+
+    /// The model's RoPE configuration (as [`RopeConfig::from_hf_config`]).
+    pub fn rope(&self) -> Result<RopeConfig> {
+        let config = parse(&self.text, None, &self.model_type, None)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The RoPE configuration of the layers of type `layer_type` (as
+    /// [`RopeConfig::from_hf_config_layer`]).
+    pub fn rope_for_type(&self, layer_type: &str) -> Result<RopeConfig> {
+        let head_dim = self.head_dim_of(None, Some(layer_type))?;
+        let config = parse(&self.text, Some(layer_type), &self.model_type, head_dim)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn no_such_layer(&self, layer: usize, layers: usize) -> crate::Error {
+        ConfigError::NoSuchLayer { layer, layers }.into()
+    }
+}
+
+fn text_of(json: &str) -> Parse<HfConfig> {
     let root: Value = serde_json::from_str(json).map_err(|e| ConfigError::Json(e.to_string()))?;
     let Value::Object(mut top) = root else { return Err(ConfigError::Json("the top level is not an object".into())) };
-    // Multimodal models keep the language model's settings in `text_config`.
+    let model_type = top.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
+    // Multimodal models keep the language model's settings in `text_config` (Qwen2.5-Omni:
+    // in its thinker's).
     let has_own = ["rope_theta", "rope_parameters", "rope_scaling", "num_attention_heads", "head_dim"]
         .iter()
         .any(|k| top.contains_key(*k));
     if !has_own {
-        if let Some(Value::Object(text)) = top.remove("text_config") {
+        if let Some(Value::Object(mut thinker)) = top.remove("thinker_config") {
+            if let Some(Value::Object(text)) = thinker.remove("text_config") {
+                top = text;
+            }
+        } else if let Some(Value::Object(text)) = top.remove("text_config") {
             top = text;
         }
     }
-    let top = &top;
+    Ok(HfConfig { text: top, model_type })
+}
 
-    let head_dim = match first_integer(top, &["qk_rope_head_dim", "head_dim"])? {
+fn parse(
+    top: &Map<String, Value>,
+    layer_type: Option<&str>,
+    outer_type: &str,
+    head_dim: Option<usize>,
+) -> Parse<RopeConfig> {
+    let own_head_dim = head_dim;
+    let model_type = top.get("model_type").and_then(Value::as_str).unwrap_or(outer_type);
+    if NO_ROPE_MODEL_TYPES.contains(&model_type) {
+        return Err(ConfigError::NoRope(model_type.to_string()));
+    }
+    // ChatGLM2/3 (remote code, `modeling_chatglm.py`): `kv_channels` per head, RoPE on the
+    // first half of each head, `seq_length` positions, base `10000 * rope_ratio`.
+    let chatglm = model_type == "chatglm";
+    let head_keys: &[&str] = if chatglm { &["kv_channels"] } else { &["qk_rope_head_dim", "head_dim"] };
+    let head_dim = match own_head_dim.map_or_else(|| first_integer(top, head_keys), |d| Ok(Some(d)))? {
         Some(d) => d,
         None => {
             let hidden = first_integer(top, &["hidden_size", "n_embd", "d_model"])?
@@ -163,8 +451,9 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
             hidden / heads
         }
     };
-    let max_position = first_integer(top, &["max_position_embeddings", "n_positions", "max_sequence_length"])?
-        .ok_or_else(|| ConfigError::Missing("max_position_embeddings".into()))?;
+    let max_position =
+        first_integer(top, &["max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"])?
+            .ok_or_else(|| ConfigError::Missing("max_position_embeddings".into()))?;
 
     // transformers: `rope_scaling` wins over `rope_parameters` where both are set.
     let empty = Map::new();
@@ -190,8 +479,18 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
         };
     }
 
-    let base = match number(params, "rope_theta")? {
+    // Gemma 3's older configs: sliding layers rotate with `rope_local_base_freq` and no
+    // scaling; the scaling and `rope_theta` are the full-attention layers'.
+    let local_base = match layer_type {
+        Some("sliding_attention") if !nested => number(top, "rope_local_base_freq")?,
+        _ => None,
+    };
+    if local_base.is_some() {
+        params = &empty;
+    }
+    let base = match local_base.or(number(params, "rope_theta")?) {
         Some(b) => b,
+        None if chatglm => 10_000.0 * number(top, "rope_ratio")?.unwrap_or(1.0),
         None => number(top, "rope_theta")?.or(number(top, "rotary_emb_base")?).unwrap_or(10_000.0),
     };
     let fraction = match number(params, "partial_rotary_factor")? {
@@ -204,9 +503,29 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
     // transformers: `int(head_dim * partial_rotary_factor)`; GPT-J names it outright.
     let mut rotary_dim = match integer(top, "rotary_dim")? {
         Some(r) => r,
+        None if chatglm => head_dim / 2,
         None => (head_dim as f64 * fraction) as usize,
     };
 
+    let mrope = match params.get("mrope_section") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) if items.len() == 3 => {
+            let mut sections = [0usize; 3];
+            for (s, v) in sections.iter_mut().zip(items) {
+                *s = v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| invalid("mrope_section", "expected three non-negative integers"))?;
+            }
+            let interleaved = match params.get("mrope_interleaved").or(top.get("mrope_interleaved")) {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(invalid("mrope_interleaved", "expected true or false")),
+            };
+            Some(Mrope::new(sections, interleaved))
+        }
+        Some(_) => return Err(invalid("mrope_section", "expected three non-negative integers")),
+    };
     let rope_type = match (params.get("rope_type"), params.get("type")) {
         (Some(Value::String(t)), _) | (None, Some(Value::String(t))) => t.as_str(),
         (None | Some(Value::Null), None | Some(Value::Null)) => "default",
@@ -219,7 +538,8 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
         None => integer(params, "original_max_position_embeddings")?.unwrap_or(max_position),
     };
     let scaling = match rope_type {
-        "default" => RopeScaling::Default,
+        // Qwen2-VL's older configs name MRoPE as the type; its sections say the rest.
+        "default" | "mrope" => RopeScaling::Default,
         "linear" => RopeScaling::Linear { factor: required(params, "factor")? },
         "dynamic" => {
             RopeScaling::Dynamic { factor: required(params, "factor")?, max_position_embeddings: max_position }
@@ -284,7 +604,7 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
         Some(Value::Bool(false)) => RopeStyle::NeoX,
         None | Some(Value::Null) => {
             let model_type = top.get("model_type").and_then(Value::as_str).unwrap_or("");
-            if INTERLEAVED_MODEL_TYPES.contains(&model_type) {
+            if INTERLEAVED_MODEL_TYPES.contains(&model_type) || INTERLEAVED_MODEL_TYPES.contains(&outer_type) {
                 RopeStyle::GptJ
             } else {
                 RopeStyle::NeoX
@@ -302,5 +622,6 @@ fn parse(json: &str, layer_type: Option<&str>) -> Parse<RopeConfig> {
         .base(base)
         .style(style)
         .dtype(dtype)
-        .scaling(scaling))
+        .scaling(scaling)
+        .mrope(mrope))
 }

@@ -9,7 +9,7 @@ use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
 use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, TableView};
 
-use crate::config::{DType, RopeConfig, RopeStyle};
+use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{
@@ -176,6 +176,7 @@ pub(crate) struct KvSpec {
     pub rotary_dim: usize,
     pub max_position: usize,
     pub tables: TableSource,
+    pub mrope: Option<Mrope>,
 }
 
 impl KvSpec {
@@ -188,6 +189,7 @@ impl KvSpec {
             rotary_dim: config.rotary_dim,
             max_position: config.max_position,
             tables: TableSource::Library,
+            mrope: config.mrope,
         }
     }
 }
@@ -300,6 +302,9 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
 
     let tokens = batch.saturating_mul(seq);
     let num_slots = blocks.saturating_mul(block_size);
+    if spec.mrope.is_some() && !cache.paged {
+        return Err(Error::MropeCache);
+    }
     let limit = if cache.paged {
         match args.slots {
             None => return Err(Error::SlotMapping("a paged cache needs a slot mapping (one i64 per token)")),
@@ -318,7 +323,11 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         check_axis("cache", "batch", batch, blocks)?;
         spec.max_position.min(block_size)
     };
-    let positions = positions(&args.positions, batch, seq, limit)?;
+    let positions = positions(&args.positions, batch, seq, limit, spec.mrope.is_some())?;
+    let table = match &spec.mrope {
+        Some(m) => table.with_mrope(m.bands()),
+        None => table,
+    };
     let q_heads = args.q.map_or(0, |q| q.layout.shape[2]);
     check_u32(&[
         ("batch * seq", tokens),
@@ -379,7 +388,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         seq_div: FastDiv::new(seq as u32),
         lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
     };
-    let key = KvKey { style: spec.style, dtype: spec.dtype, width, tables: spec.tables };
+    let key = KvKey { style: spec.style, dtype: spec.dtype, width, tables: spec.tables, mrope: spec.mrope.is_some() };
     Ok(Some(KvPlan { key, params, geometry, claim }))
 }
 
@@ -711,10 +720,20 @@ mod tests {
         for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                    assert!(RopeKey { style, dtype, width }.entry_point().is_some(), "{style:?} {dtype:?} {width:?}");
+                    let key = RopeKey { style, dtype, width, mrope: false };
+                    assert!(key.entry_point().is_some(), "{key:?}");
                 }
                 for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
-                    let key = KvKey { style, dtype, width, tables: TableSource::Library };
+                    let key = KvKey { style, dtype, width, tables: TableSource::Library, mrope: false };
+                    assert!(key.entry_point().is_some(), "{key:?}");
+                }
+                // MRoPE: every width but the caller's tables.
+                for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
+                    let key = RopeKey { style, dtype, width, mrope: true };
+                    assert!(key.entry_point().is_some(), "{key:?}");
+                }
+                for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
+                    let key = KvKey { style, dtype, width, tables: TableSource::Library, mrope: true };
                     assert!(key.entry_point().is_some(), "{key:?}");
                 }
             }
@@ -736,7 +755,7 @@ mod tests {
         }
         for dtype in [DType::F16, DType::BF16] {
             for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode] {
-                let key = KvKey { style: RopeStyle::GptJ, dtype, width, tables: TableSource::Caller };
+                let key = KvKey { style: RopeStyle::GptJ, dtype, width, tables: TableSource::Caller, mrope: false };
                 assert!(key.entry_point().is_some(), "{key:?}");
             }
         }

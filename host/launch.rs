@@ -84,16 +84,32 @@ pub(crate) fn check_u32(values: &[(&'static str, usize)]) -> Result<()> {
 }
 
 /// Checks `positions` for `batch` sequences of `seq` tokens (what can be checked without
-/// reading them: length, alignment, and for sequential positions the range) and returns the
-/// kernels' view of them, admitting `0..limit`.
-pub(crate) fn positions(positions: &RawPositions, batch: usize, seq: usize, limit: usize) -> Result<PositionsView> {
+/// reading them: the kind, which `mrope` decides, length, alignment, and for sequential
+/// positions the range) and returns the kernels' view of them, admitting `0..limit`.
+pub(crate) fn positions(
+    positions: &RawPositions,
+    batch: usize,
+    seq: usize,
+    limit: usize,
+    mrope: bool,
+) -> Result<PositionsView> {
     let kind = positions.kind;
+    if kind.is_streams() != mrope {
+        let expected = match mrope {
+            true => "three position streams per token (StreamsI32 or StreamsI64, [3, batch * seq])",
+            false => "one position per token (ids, offsets or sequential); streams are for MRoPE configurations",
+        };
+        return Err(Error::PositionKind { expected, got: kind });
+    }
     match kind.buffer_len(batch, seq) {
         None if seq > limit => return Err(Error::MaxPosition { needed: seq, max_position: limit }),
         None => {}
         Some(n) if n != positions.len => {
-            let per_sequence = matches!(kind, PositionKind::OffsetsI32 | PositionKind::OffsetsI64);
-            let shape = if per_sequence { vec![batch] } else { vec![batch, seq] };
+            let shape = match kind {
+                PositionKind::OffsetsI32 | PositionKind::OffsetsI64 => vec![batch],
+                PositionKind::StreamsI32 | PositionKind::StreamsI64 => vec![3, batch, seq],
+                _ => vec![batch, seq],
+            };
             return Err(Error::Length { what: "positions", shape, expected: n, got: positions.len });
         }
         Some(_) if positions.ptr % kind.elem_size() as u64 != 0 => {
@@ -106,7 +122,16 @@ pub(crate) fn positions(positions: &RawPositions, batch: usize, seq: usize, limi
         value: limit as u64,
         limit: u32::MAX as u64,
     })?;
-    Ok(PositionsView::new(kind, positions.ptr, limit))
+    Ok(match mrope {
+        // More tokens than u32 holds are refused by the caller's `check_u32` before a launch.
+        true => PositionsView::streams(
+            kind == PositionKind::StreamsI64,
+            positions.ptr,
+            limit,
+            batch.saturating_mul(seq).min(u32::MAX as usize) as u32,
+        ),
+        false => PositionsView::new(kind, positions.ptr, limit),
+    })
 }
 
 /// Whether 16-byte accesses fit: the style's pairs come in whole 16-byte lanes, head_dim is

@@ -92,10 +92,10 @@ mod scaling;
 mod table;
 mod tensor;
 
-pub use config::{DType, Direction, HeadGrouping, RopeConfig, RopeStyle, MAX_POSITION_LIMIT};
+pub use config::{DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, MAX_POSITION_LIMIT};
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
-pub use hf_config::INTERLEAVED_MODEL_TYPES;
+pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
 pub use kernels::{Kernels, PTX};
 pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;

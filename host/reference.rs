@@ -3,7 +3,7 @@
 
 use rope_cuda_kernels::math::inv_freq;
 
-use crate::config::{Direction, RopeStyle};
+use crate::config::{Direction, Mrope, RopeStyle};
 use crate::tensor::Element;
 
 /// RoPE of one row (one head of one token) in f64, computed from scratch.
@@ -54,10 +54,35 @@ pub fn rope_row_freqs(
     style: RopeStyle,
     direction: Direction,
 ) -> Vec<f64> {
+    rope_row_streams(x, [position; 3], inv_freq, attention, style, None, direction)
+}
+
+/// [`rope_row_freqs`] for multimodal RoPE: pair `i` turns by `positions[mrope.stream(i)] *
+/// inv_freq[i]` (every pair by `positions[0]` without `mrope`).
+///
+/// ```
+/// use rope_cuda::reference::rope_row_streams;
+/// use rope_cuda::{Direction, Mrope, RopeStyle};
+/// // Two pairs, one temporal and one height: positions (t, h, w) = (1, 2, 3).
+/// let m = Mrope::new([1, 1, 0], false);
+/// let y = rope_row_streams(&[1.0, 1.0, 0.0, 0.0], [1.0, 2.0, 3.0], &[1.0, 1.0], 1.0, RopeStyle::NeoX, Some(m), Direction::Forward);
+/// assert!((y[1] - 2f64.cos()).abs() < 1e-15 && (y[3] - 2f64.sin()).abs() < 1e-15);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn rope_row_streams(
+    x: &[f64],
+    positions: [f64; 3],
+    inv_freq: &[f64],
+    attention: f64,
+    style: RopeStyle,
+    mrope: Option<Mrope>,
+    direction: Direction,
+) -> Vec<f64> {
     let half = inv_freq.len();
     let sign = if direction == Direction::Inverse { -1.0 } else { 1.0 };
     let mut out = x.to_vec();
     for (i, &f) in inv_freq.iter().enumerate() {
+        let position = positions[mrope.map_or(0, |m| m.stream(i))];
         let (s, c) = (position * f).sin_cos();
         let (s, c) = (sign * attention * s, attention * c);
         let (a, b) = match style {

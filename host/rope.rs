@@ -371,7 +371,11 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
 
     let (batch, seq) = (qs[0], qs[1]);
     let tokens = batch.saturating_mul(seq);
-    let positions = positions(&args.positions, batch, seq, config.max_position)?;
+    let positions = positions(&args.positions, batch, seq, config.max_position, config.mrope.is_some())?;
+    let table = match &config.mrope {
+        Some(m) => table.with_mrope(m.bands()),
+        None => table,
+    };
     check_u32(&[
         ("batch * seq", tokens),
         ("q heads", qs[2]),
@@ -419,7 +423,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         (true, true) => RopeWidth::Single,
     };
     let g = if width == RopeWidth::Single { 1 } else { g };
-    let key = RopeKey { style: config.style, dtype: config.dtype, width };
+    let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some() };
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { key, params: RopeParams { chunk, ..params }, geometry }))
 }
 

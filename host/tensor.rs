@@ -149,6 +149,11 @@ pub enum Positions<'a> {
     OffsetsI32(&'a DeviceSlice<i32>),
     /// One i64 start per sequence.
     OffsetsI64(&'a DeviceSlice<i64>),
+    /// Multimodal RoPE: three i32 positions per token (temporal, height, width), `[3, batch *
+    /// seq]` row-major, as transformers' `position_ids` of shape `[3, batch, seq]`.
+    StreamsI32(&'a DeviceSlice<i32>),
+    /// Multimodal RoPE: three i64 positions per token, as [`Positions::StreamsI32`].
+    StreamsI64(&'a DeviceSlice<i64>),
 }
 
 /// Positions as a device address, for the raw entry points
@@ -159,7 +164,8 @@ pub struct RawPositions {
     pub kind: PositionKind,
     /// Device address of the first id or offset (ignored for [`PositionKind::Sequential`]).
     pub ptr: u64,
-    /// Number of ids (`batch * seq`) or offsets (`batch`).
+    /// Number of ids (`batch * seq`), offsets (`batch`) or streamed positions (`3 * batch *
+    /// seq`).
     pub len: usize,
 }
 
@@ -179,6 +185,8 @@ impl Positions<'_> {
             Positions::IdsI64(s) => of(PositionKind::IdsI64, s),
             Positions::OffsetsI32(s) => of(PositionKind::OffsetsI32, s),
             Positions::OffsetsI64(s) => of(PositionKind::OffsetsI64, s),
+            Positions::StreamsI32(s) => of(PositionKind::StreamsI32, s),
+            Positions::StreamsI64(s) => of(PositionKind::StreamsI64, s),
         }
     }
 }

@@ -76,10 +76,14 @@ fn configs_read_into_the_models_settings() {
     }
     // Per-layer parameters (transformers 5): one layer type at a time.
     let json = config_json("per-layer.json");
+    // Gemma 4's full-attention layers have their own head dim (`global_head_dim`).
     let full = RopeConfig::from_hf_config_layer(&json, "full_attention").unwrap();
-    assert_eq!((full.rotary_dim, full.base, full.scaling.rope_type()), (256, 1e6, "proportional"));
+    assert_eq!((full.head_dim, full.rotary_dim, full.base, full.scaling.rope_type()), (512, 512, 1e6, "proportional"));
     let sliding = RopeConfig::from_hf_config_layer(&json, "sliding_attention").unwrap();
-    assert_eq!((sliding.rotary_dim, sliding.base, sliding.scaling.rope_type()), (256, 1e4, "default"));
+    assert_eq!(
+        (sliding.head_dim, sliding.rotary_dim, sliding.base, sliding.scaling.rope_type()),
+        (256, 256, 1e4, "default")
+    );
     assert!(matches!(RopeConfig::from_hf_config(&json), Err(Error::Config(ConfigError::LayerTypeNeeded { .. }))));
     assert!(matches!(
         RopeConfig::from_hf_config_layer(&json, "chunked_attention"),

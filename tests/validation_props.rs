@@ -80,6 +80,8 @@ fn model(config: &RopeConfig, a: &RawArgs) -> bool {
         PositionKind::IdsI64 => a.positions.len == tokens && a.positions.ptr % 8 == 0,
         PositionKind::OffsetsI32 => a.positions.len == qs[0] && a.positions.ptr % 4 == 0,
         PositionKind::OffsetsI64 => a.positions.len == qs[0] && a.positions.ptr % 8 == 0,
+        // Three streams are for MRoPE configurations only.
+        PositionKind::StreamsI32 | PositionKind::StreamsI64 => false,
     }
 }
 

@@ -14,7 +14,9 @@ use std::process::ExitCode;
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::{Stream, StreamFlags};
 use rope_cuda::bench::{copy_d2d, time_device, time_op, Timing};
-use rope_cuda::reference::{relative_error, rope_neox_row, rope_row_freqs, splitmix64, uniform, uniform_vec, RefElem};
+use rope_cuda::reference::{
+    relative_error, rope_neox_row, rope_row_streams, splitmix64, uniform, uniform_vec, RefElem,
+};
 use rope_cuda::seed::RotaryModel;
 use rope_cuda::{
     ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
@@ -109,6 +111,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         }
         rows.push(model_case::<half::f16>(&kernels, &stream, m, RopeStyle::NeoX, InPlace)?);
         rows.push(model_case::<half::bf16>(&kernels, &stream, m, RopeStyle::GptJ, InPlace)?);
+        rows.push(model_case::<half::bf16>(&kernels, &stream, m, RopeStyle::NeoX, Mrope)?);
+        rows.push(model_case::<f32>(&kernels, &stream, m, RopeStyle::NeoX, Mrope)?);
     }
 
     println!();
@@ -213,6 +217,9 @@ enum Mode {
     OutOfPlace,
     /// q and k as views of one `[tokens, (32 + 8 + 8) * 128]` QKV buffer, in place.
     PackedQkv,
+    /// In place with multimodal RoPE: Qwen2-VL's sections (`[16, 24, 24]` at head_dim 128),
+    /// three i32 position streams per token.
+    Mrope,
 }
 
 /// The RoPE settings and head counts of the model rows.
@@ -261,12 +268,23 @@ fn model_case<T: RefElem>(
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let (batch, seq, hq, hk, d) = (16, 4096, model.hq, model.hk, model.config.head_dim);
     let tokens = batch * seq;
-    let config = model.config.clone().style(style).dtype(T::DTYPE);
+    let mut config = model.config.clone().style(style).dtype(T::DTYPE);
+    if mode == Mode::Mrope {
+        let half = config.rotary_dim / 2;
+        let (h, w) = (3 * half / 8, 3 * half / 8);
+        config = config.mrope(Some(rope_cuda::Mrope::new([half - h - w, h, w], false)));
+    }
+    let mrope = config.mrope;
     let max_pos = config.max_position;
     let (freqs, attention) = config.frequencies()?;
     let rope = Rope::new(kernels, config)?;
     let ids: Vec<i32> = (0..tokens).map(|t| (splitmix64(t as u64) % max_pos as u64) as i32).collect();
-    let ids_dev = DeviceBuffer::from_slice(&ids)?;
+    // MRoPE: the streams differ by small grid offsets (an image's rows and columns).
+    let streams: Vec<i32> = (0..3)
+        .flat_map(|k| ids.iter().enumerate().map(move |(t, &p)| (p + k * (t % 16) as i32).min(max_pos as i32 - 1)))
+        .collect();
+    let stream_of = |t: usize| [0, 1, 2].map(|k| streams[k * tokens + t] as f64);
+    let ids_dev = DeviceBuffer::from_slice(if mode == Mode::Mrope { &streams } else { &ids })?;
     let (q_layout, k_layout, lens) = if mode == Mode::PackedQkv {
         let row = (hq + 2 * hk) * d;
         let strides = [seq * row, row, d];
@@ -285,7 +303,7 @@ fn model_case<T: RefElem>(
     let mut outs: Vec<DeviceBuffer<T>> =
         lens.iter().map(|&n| unsafe { DeviceBuffer::uninitialized(n) }).collect::<Result<_, _>>()?;
     let (qb, kb) = (0, lens.len() - 1);
-    let positions = Positions::IdsI32(&ids_dev);
+    let positions = if mode == Mode::Mrope { Positions::StreamsI32(&ids_dev) } else { Positions::IdsI32(&ids_dev) };
     let launch = |bufs: &mut Vec<DeviceBuffer<T>>, outs: &mut Vec<DeviceBuffer<T>>| -> rope_cuda::Result<()> {
         let fwd = Direction::Forward;
         match mode {
@@ -293,7 +311,7 @@ fn model_case<T: RefElem>(
                 let (mut q, mut k) = TensorMut::pair(&mut bufs[0], q_layout, k_layout);
                 rope.apply_in_place(&mut q, Some(&mut k), positions, fwd, stream)
             }
-            Mode::InPlace => {
+            Mode::InPlace | Mode::Mrope => {
                 let (a, b) = bufs.split_at_mut(1);
                 let (mut q, mut k) = (TensorMut::new(&mut a[0], q_layout), TensorMut::new(&mut b[0], k_layout));
                 rope.apply_in_place(&mut q, Some(&mut k), positions, fwd, stream)
@@ -324,7 +342,7 @@ fn model_case<T: RefElem>(
             for h in 0..layout.heads() {
                 let start = layout.offset + (t / seq) * layout.strides[0] + (t % seq) * layout.strides[1] + h * d;
                 let x: Vec<f64> = host[buf][start..start + d].iter().map(|v| v.to_f64()).collect();
-                let y = rope_row_freqs(&x, ids[t] as f64, &freqs, attention, style, Direction::Forward);
+                let y = rope_row_streams(&x, stream_of(t), &freqs, attention, style, mrope, Direction::Forward);
                 for (j, want) in y.into_iter().enumerate() {
                     let g = got[buf][start + j];
                     worst_ulps = worst_ulps.max(g.ulps(T::round(want)));
@@ -352,6 +370,7 @@ fn model_case<T: RefElem>(
         Mode::InPlace => "in place",
         Mode::OutOfPlace => "out of place",
         Mode::PackedQkv => "packed QKV",
+        Mode::Mrope => "MRoPE, in pl.",
     };
     let style_name = if style == RopeStyle::NeoX { "neox" } else { "gptj" };
     Ok(Row {

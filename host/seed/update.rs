@@ -284,6 +284,7 @@ impl KvUpdate {
                 DType::F32 => TableSource::Library,
                 _ => TableSource::Caller,
             },
+            mrope: None,
         };
         let table = TableView::new([cos.0, sin.0, 0, 0], (d / 2) as u32);
         let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;

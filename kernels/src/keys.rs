@@ -64,7 +64,7 @@ pub enum TableSource {
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{dtype}_{width}`), parameters [`crate::params::RopeParams`].
+/// A RoPE kernel (`rope_{style}_{dtype}_{width}[_m]`), parameters [`crate::params::RopeParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
     /// Pairing.
@@ -73,9 +73,11 @@ pub struct RopeKey {
     pub dtype: DType,
     /// Access width and heads per thread.
     pub width: RopeWidth,
+    /// Multimodal RoPE: three position streams per token (`_m`; widths `_s` and `_p` only).
+    pub mrope: bool,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t]`), parameters
+/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t|_m]`), parameters
 /// [`crate::params::KvParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
@@ -87,6 +89,9 @@ pub struct KvKey {
     pub width: KvWidth,
     /// Library or caller tables.
     pub tables: TableSource,
+    /// Multimodal RoPE: three position streams per token (`_m`; library tables, widths `_s`,
+    /// `_d` and `_p` only).
+    pub mrope: bool,
 }
 
 /// `kv_claim`: records the last token of each slot before a claimed KV launch.

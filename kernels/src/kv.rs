@@ -5,7 +5,7 @@
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{groups, work_item, KvParams};
-use crate::rotate::{Entries, Rows, Style, Table, TableElem};
+use crate::rotate::{Entries, PairRows, Rows, Style, Table, TableElem};
 use crate::views::{Duplicates, HeadsView, SlotOf};
 
 /// The launch's table; KV appends always rotate forward.
@@ -56,10 +56,10 @@ unsafe fn settle(p: &KvParams, t: u32, raw_pos: i64, raw_slot: i64, report: (boo
 /// # Safety
 /// `t < p.tokens`; the host checked the positions' and slot mapping's lengths.
 #[inline(always)]
-unsafe fn load_token(p: &KvParams, t: u32) -> (i64, i64) {
+unsafe fn load_token<P: PairRows>(p: &KvParams, t: u32) -> (i64, i64) {
     let (b, s) = p.seq_div.divmod(t);
     // SAFETY: the caller's contract.
-    unsafe { (p.cache.raw_slot(t), p.positions.load(t, b, s)) }
+    unsafe { (p.cache.raw_slot(t), P::load(&p.positions, t, b, s)) }
 }
 
 /// What the block-wide scan of the scanning kernels leaves in shared memory (see
@@ -93,10 +93,10 @@ type Loaded = Option<(i64, i64)>;
 /// # Safety
 /// As [`load_token`].
 #[inline(always)]
-unsafe fn scan_loads(p: &KvParams) -> (Loaded, Loaded) {
+unsafe fn scan_loads<P: PairRows>(p: &KvParams) -> (Loaded, Loaded) {
     let (tid, bd) = (thread_idx().0, block_dim().0);
     // SAFETY: only tokens below `p.tokens` are loaded.
-    let load = |j: u32| (j < p.tokens).then(|| unsafe { load_token(p, j) });
+    let load = |j: u32| (j < p.tokens).then(|| unsafe { load_token::<P>(p, j) });
     (load(tid), load(tid + bd))
 }
 
@@ -109,7 +109,7 @@ unsafe fn scan_loads(p: &KvParams) -> (Loaded, Loaded) {
 /// Every thread of the block calls it (it holds barriers), with at least
 /// [`KvParams::shared_bytes`] of dynamic shared memory; as [`load_token`].
 #[inline(always)]
-unsafe fn block_scan(p: &KvParams, loaded: (Loaded, Loaded)) -> Shared {
+unsafe fn block_scan<P: PairRows>(p: &KvParams, loaded: (Loaded, Loaded)) -> Shared {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
     // SAFETY: the dynamic shared memory holds `2 * tokens` u64 and the flags after them.
@@ -143,7 +143,7 @@ unsafe fn block_scan(p: &KvParams, loaded: (Loaded, Loaded)) -> Shared {
     let mut j = tid + 2 * bd;
     while j < p.tokens {
         // SAFETY: `j < tokens`.
-        store(j, unsafe { load_token(p, j) });
+        store(j, unsafe { load_token::<P>(p, j) });
         j += bd;
     }
     if tid < count {
@@ -206,7 +206,8 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
 }
 
 /// Fused RoPE + KV append for one lane of one head group of one token; `R` moves rotating
-/// lanes, `C` copying lanes, `B` reads the tables, `G` heads per thread. With `SCAN` and
+/// lanes, `C` copying lanes, `B` reads the tables, `P` picks each pair's table row (one
+/// position, or MRoPE's three streams), `G` heads per thread. With `SCAN` and
 /// [`Duplicates::Scan`], the block settles duplicates itself ([`block_scan`]); otherwise the
 /// owner array does (the host claims for the kernels without `SCAN`).
 ///
@@ -217,7 +218,9 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
 /// `R` and `C`, that the geometry was made with this `G`, that there is work, and, for the
 /// scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: usize, const SCAN: bool>(p: &KvParams) {
+pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, P: PairRows, const G: usize, const SCAN: bool>(
+    p: &KvParams,
+) {
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let (qi, ki, vi) = (gq * p.rot_lanes, gk * p.k_lanes, gk * p.v_lanes);
     let items = qi + ki + vi;
@@ -282,23 +285,24 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: us
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
-    let mut entries = Entries::none();
+    let mut entries = Entries::<P>::none();
     let target = if shared {
         // The scan's loads first; then the rotating items load their position and table
         // entries, which overlap the scan's barriers.
         // SAFETY: the host checked the positions' and slot mapping's lengths.
-        let loaded = unsafe { scan_loads(p) };
+        let loaded = unsafe { scan_loads::<P>(p) };
         if item.is_some() && rotating {
             // SAFETY: `t` is a token of the launch.
-            let own = unsafe { p.positions.load(t, b as u32, s as u32) };
+            let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
             if let Some(pos) = p.positions.check(own) {
-                // SAFETY: the positions view admits only rows of the table.
-                entries = unsafe { S::entries::<R, B>(lane, pos as usize, table(p)) };
+                // SAFETY: the positions view admits only rows of the table; `pos` passed its
+                // check.
+                entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p)) };
             }
         }
         // SAFETY: every thread of the block reaches the scan (none has returned), with the
         // shared memory the host gave the scanning kernels.
-        let scan = unsafe { block_scan(p, loaded) };
+        let scan = unsafe { block_scan::<P>(p, loaded) };
         if item.is_none() {
             return;
         }
@@ -311,7 +315,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: us
         // SAFETY: `t` is a token of the launch; `errors` points at this launch's records.
         unsafe {
             let raw_slot = if is_q { 0 } else { p.cache.raw_slot(t) };
-            let raw_pos = p.positions.load(t, b as u32, s as u32);
+            let raw_pos = P::load(&p.positions, t, b as u32, s as u32);
             match is_q {
                 true => checked(p, t, raw_pos, report.0).map(|pos| (pos, 0)),
                 false => settle(p, t, raw_pos, raw_slot, report),
@@ -323,14 +327,14 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: us
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
     if rotating && !shared {
         // Without the scan the table loads overlap the owner check.
-        // SAFETY: the positions view admits only rows of the table.
-        entries = unsafe { S::entries::<R, B>(lane, pos as usize, table(p)) };
+        // SAFETY: the positions view admits only rows of the table; `pos` passed its check.
+        entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p)) };
     }
     if is_q {
         // q, in place.
         let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
         // SAFETY: q's rows are in its buffer, written by this item alone.
-        unsafe { S::apply::<R, B>(rows, first, lane, &entries, table(p)) };
+        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p)) };
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
@@ -342,7 +346,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, const G: us
     let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * R::SIZE, count };
     if rotating {
         // SAFETY: slot `n` is in the cache; this token alone writes it.
-        unsafe { S::apply::<R, B>(rows, first, lane, &entries, table(p)) };
+        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p)) };
     } else {
         // k past rotary_dim, and v: copy the bits.
         // SAFETY: as above.
@@ -364,8 +368,10 @@ pub(crate) unsafe fn claim(p: &KvParams) {
         return;
     }
     // SAFETY: `t < tokens`; nothing is recorded without `report`.
+    // One claim kernel serves both kinds of positions: the general load.
     let target = unsafe {
-        let (raw_slot, raw_pos) = load_token(p, t);
+        let (b, s) = p.seq_div.divmod(t);
+        let (raw_slot, raw_pos) = (p.cache.raw_slot(t), p.positions.load(t, b, s));
         settle(p, t, raw_pos, raw_slot, (false, false))
     };
     if let Some((_, n)) = target {

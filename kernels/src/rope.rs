@@ -3,10 +3,11 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::params::{groups, work_item, RopeParams};
-use crate::rotate::{F32Table, Rows, Style, Table};
+use crate::rotate::{F32Table, PairRows, Rows, Style, Table};
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
-/// `C` the copying ones.
+/// `C` the copying ones, `P` says which table row each pair reads (one position, or MRoPE's
+/// three streams).
 ///
 /// # Safety
 /// The host checked that every row of both views lies inside its buffer, that outputs do
@@ -15,7 +16,7 @@ use crate::rotate::{F32Table, Rows, Style, Table};
 /// row, that addresses are aligned for `R` and `C`, that the geometry was made with this
 /// kernel's `G`, and that there is work (`seq`, lanes and heads not zero).
 #[inline(always)]
-pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams) {
+pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p: &RopeParams) {
     let lanes = p.rot_lanes + p.copy_lanes;
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let items = (gq + gk) * lanes;
@@ -55,7 +56,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams
     // SAFETY: a copying lane's elements lie past the rotary dims, inside the row.
     let first_copy = if rotating { [0; 4] } else { unsafe { C::load_raw(rows.src(0, copy_at)) } };
     // SAFETY: the positions buffer holds every token's entry.
-    let raw = unsafe { p.positions.load(token, b as u32, s as u32) };
+    let raw = unsafe { P::load(&p.positions, token, b as u32, s as u32) };
     let Some(pos) = p.positions.check(raw) else {
         // Skip the token; one thread per token reports it.
         if work == 0 {
@@ -66,8 +67,12 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, const G: usize>(p: &RopeParams
     };
     if rotating {
         let table = Table { view: &p.table, sin_sign: p.sin_sign };
-        // SAFETY: the positions view admits only rows of the table; the rest as above.
-        unsafe { S::rotate::<R, F32Table>(rows, first, lane as usize, pos as usize, table) };
+        // SAFETY: the positions view admits only rows of the table, and `pos` passed its
+        // check; the rest as above.
+        unsafe {
+            let at = P::of(&p.positions, token, pos);
+            S::rotate::<R, F32Table, P>(rows, first, lane as usize, at, table)
+        };
     } else {
         // Dims past rotary_dim, out of place: copy the bits.
         // SAFETY: as above; the output rows overlap nothing else.

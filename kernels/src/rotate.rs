@@ -5,7 +5,79 @@
 
 use crate::gpu::{load_elem_nc, load_table, Bits, Elem, Io, Lane};
 use crate::math::{rotate_pair, rotate_pair_fast};
-use crate::views::TableView;
+use crate::views::{PositionsView, TableView};
+
+/// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
+/// multimodal RoPE, the row of one of the token's three positions, chosen per pair by the
+/// table's bands ([`StreamRows`]).
+pub(crate) trait PairRows: Copy + Default {
+    /// Whether every pair reads the same row (a lane's entries are then contiguous).
+    const ONE_ROW: bool;
+    /// Token `token`'s raw position as the range check takes it ([`PositionsView::load`]; the
+    /// one-position kernels read only one-position kinds).
+    ///
+    /// # Safety
+    /// As [`PositionsView::load`]; the view's kind is one this kernel takes.
+    unsafe fn load(positions: &PositionsView, token: u32, b: u32, s: u32) -> i64;
+    /// The rows of token `t`, whose (first) position `pos` passed the range check.
+    ///
+    /// # Safety
+    /// `positions` holds token `t`'s entries, and its [`PositionsView::load`] of `t` passed
+    /// [`PositionsView::check`] (for streams: all three are in range).
+    unsafe fn of(positions: &PositionsView, t: u32, pos: u32) -> Self;
+    /// The entry index of pair `i`.
+    fn entry(self, table: &TableView, i: usize) -> usize;
+}
+
+/// Every pair at the token's one position.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct OneRow(u32);
+
+/// MRoPE: pair `i` at the token's position of stream [`TableView::stream`]`(i)`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StreamRows([u32; 3]);
+
+impl PairRows for OneRow {
+    const ONE_ROW: bool = true;
+    #[inline(always)]
+    unsafe fn load(positions: &PositionsView, token: u32, b: u32, s: u32) -> i64 {
+        // SAFETY: the caller's contract.
+        unsafe { positions.load_one(token, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn of(_: &PositionsView, _: u32, pos: u32) -> Self {
+        OneRow(pos)
+    }
+    #[inline(always)]
+    fn entry(self, table: &TableView, i: usize) -> usize {
+        table.entry(self.0 as usize, i)
+    }
+}
+
+impl PairRows for StreamRows {
+    const ONE_ROW: bool = false;
+    #[inline(always)]
+    unsafe fn load(positions: &PositionsView, token: u32, _: u32, _: u32) -> i64 {
+        // SAFETY: the caller's contract.
+        unsafe { positions.load_streams(token) }
+    }
+    #[inline(always)]
+    unsafe fn of(positions: &PositionsView, t: u32, _: u32) -> Self {
+        // SAFETY: the caller's contract; all three passed the range check, so they fit u32.
+        StreamRows(unsafe { positions.streams_of(t) }.map(|p| p as u32))
+    }
+    #[inline(always)]
+    fn entry(self, table: &TableView, i: usize) -> usize {
+        // A select, not an index: a dynamic index would put the array in local memory.
+        let [p0, p1, p2] = self.0;
+        let pos = match table.stream(i as u32) {
+            0 => p0,
+            1 => p1,
+            _ => p2,
+        };
+        table.entry(pos as usize, i)
+    }
+}
 
 /// A launch's cos/sin table and the direction of its rotation.
 #[derive(Clone, Copy)]
@@ -58,35 +130,49 @@ impl<T: Elem> TableElem for ElemTable<T> {
 
 /// The table entries of one lane: `n` pairs' cos and sin, the sine's sign set for the
 /// direction.
-pub(crate) struct Entries {
+pub(crate) struct Entries<P> {
     c: Lane,
     s: Lane,
-    /// Where the lane's entries start, for the residuals.
+    /// For the residuals: where the lane's entries start (one row), or the token's rows and
+    /// the lane's first pair (MRoPE).
     at: usize,
+    rows: P,
+    i: usize,
 }
 
-impl Entries {
+impl<P: PairRows> Entries<P> {
     /// No entries (for lanes that do not rotate).
     #[inline(always)]
-    pub(crate) fn none() -> Entries {
-        Entries { c: [0.0; 8], s: [0.0; 8], at: 0 }
+    pub(crate) fn none() -> Entries<P> {
+        Entries { c: [0.0; 8], s: [0.0; 8], at: 0, rows: P::default(), i: 0 }
     }
 
-    /// Loads `n` entries from pair `i` of the table row of position `pos`.
+    /// Loads `n` entries from pair `i` of the token's table rows `rows`.
     ///
     /// # Safety
-    /// The table holds row `pos`, and `i + n` is at most its pairs per row.
+    /// The table holds the rows, and `i + n` is at most its pairs per row.
     #[inline(always)]
-    unsafe fn load<B: TableElem>(p: Table<'_>, pos: usize, i: usize, n: usize) -> Entries {
-        let at = p.view.entry(pos, i);
+    unsafe fn load<B: TableElem>(p: Table<'_>, rows: P, i: usize, n: usize) -> Entries<P> {
         let [cos, sin, ..] = p.view.addresses();
-        // SAFETY: the caller's contract: the row of `pos` holds entries `i..i + n`.
-        let mut s = unsafe { B::load(sin, at, n) };
+        let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
+        let at = rows.entry(p.view, i);
+        // MRoPE lanes whose pairs all lie in one stream's band (Qwen2-VL's sections are
+        // multiples of the lane width) read one row too.
+        let one_row = P::ONE_ROW || rows.entry(p.view, i + n - 1) == at + n - 1;
+        if one_row {
+            // SAFETY: the caller's contract: the row holds entries `i..i + n`.
+            (c, s) = unsafe { (B::load(cos, at, n), B::load(sin, at, n)) };
+        } else {
+            unrolled(n, |j| {
+                let at = rows.entry(p.view, i + j);
+                // SAFETY: as above, pair by pair.
+                (c[j], s[j]) = unsafe { (B::load(cos, at, 1)[0], B::load(sin, at, 1)[0]) };
+            });
+        }
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
-        // SAFETY: as above.
-        Entries { c: unsafe { B::load(cos, at, n) }, s, at }
+        Entries { c, s, at, rows, i }
     }
 
     /// The residuals `(cos_lo, sin_lo)` of entry `j`, one at a time (few registers: this
@@ -100,11 +186,12 @@ impl Entries {
             return (0.0, 0.0);
         }
         let [_, _, cos_lo, sin_lo] = p.view.addresses();
+        let at = if P::ONE_ROW { self.at + j } else { self.rows.entry(p.view, self.i + j) };
         // SAFETY: the caller's contract: the residual tables hold the entries `load` read.
         let (c, s) = unsafe {
             (
-                load_table((cos_lo as *const f32).wrapping_add(self.at + j), 1)[0],
-                load_table((sin_lo as *const f32).wrapping_add(self.at + j), 1)[0],
+                load_table((cos_lo as *const f32).wrapping_add(at), 1)[0],
+                load_table((sin_lo as *const f32).wrapping_add(at), 1)[0],
             )
         };
         (c, s * p.sin_sign)
@@ -154,8 +241,8 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
 /// unwritten and readable).
 #[inline(always)]
-unsafe fn rotate_lane<R: Io, B: TableElem>(
-    t: &Entries,
+unsafe fn rotate_lane<R: Io, B: TableElem, P: PairRows>(
+    t: &Entries<P>,
     p: Table<'_>,
     n: usize,
     raw: &[Bits; 2],
@@ -248,28 +335,34 @@ pub(crate) trait Style {
     /// # Safety
     /// The trait's contract.
     unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2];
-    /// Loads the table entries of lane `lane` at position `pos`.
+    /// Loads the table entries of lane `lane` from the token's rows `rows`.
     ///
     /// # Safety
     /// The trait's contract.
-    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: Table<'_>) -> Entries;
+    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P>;
     /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data.
     /// The next head's loads are issued before the current head's stores, so two heads' loads
     /// are in flight.
     ///
     /// # Safety
     /// The trait's contract; `t` came from [`Style::entries`] for this lane and `p`.
-    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: Table<'_>);
+    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+        rows: Rows,
+        first: [Bits; 2],
+        lane: usize,
+        t: &Entries<P>,
+        p: Table<'_>,
+    );
     /// [`Style::entries`], then [`Style::apply`].
     ///
     /// # Safety
     /// The trait's contract.
     #[inline(always)]
-    unsafe fn rotate<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, pos: usize, p: Table<'_>) {
+    unsafe fn rotate<R: Io, B: TableElem, P: PairRows>(rows: Rows, first: [Bits; 2], lane: usize, at: P, p: Table<'_>) {
         // SAFETY: the caller's contract.
         unsafe {
-            let t = Self::entries::<R, B>(lane, pos, p);
-            Self::apply::<R, B>(rows, first, lane, &t, p)
+            let t = Self::entries::<R, B, P>(lane, at, p);
+            Self::apply::<R, B, P>(rows, first, lane, &t, p)
         }
     }
 }
@@ -288,13 +381,19 @@ impl Style for NeoX {
     }
 
     #[inline(always)]
-    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: Table<'_>) -> Entries {
-        // SAFETY: the trait's contract: the lane's `E` pairs are in the row.
-        unsafe { Entries::load::<B>(p, pos, lane * R::E, R::E) }
+    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
+        // SAFETY: the trait's contract: the lane's `E` pairs are in the rows.
+        unsafe { Entries::load::<B>(p, rows, lane * R::E, R::E) }
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: Table<'_>) {
+    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+        rows: Rows,
+        first: [Bits; 2],
+        lane: usize,
+        t: &Entries<P>,
+        p: Table<'_>,
+    ) {
         let half = p.view.half() as usize;
         let i = lane * R::E;
         let (lo, hi) = (i * R::SIZE, (i + half) * R::SIZE);
@@ -307,7 +406,7 @@ impl Style for NeoX {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, B>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload) };
+            unsafe { rotate_lane::<R, B, P>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload) };
             // SAFETY: as above.
             unsafe {
                 R::store_raw(rows.dst(h, lo), y[0]);
@@ -326,13 +425,19 @@ impl Style for GptJ {
     }
 
     #[inline(always)]
-    unsafe fn entries<R: Io, B: TableElem>(lane: usize, pos: usize, p: Table<'_>) -> Entries {
-        // SAFETY: the trait's contract: the lane's `E / 2` pairs are in the row.
-        unsafe { Entries::load::<B>(p, pos, lane * R::E / 2, R::E / 2) }
+    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
+        // SAFETY: the trait's contract: the lane's `E / 2` pairs are in the rows.
+        unsafe { Entries::load::<B>(p, rows, lane * R::E / 2, R::E / 2) }
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: TableElem>(rows: Rows, first: [Bits; 2], lane: usize, t: &Entries, p: Table<'_>) {
+    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+        rows: Rows,
+        first: [Bits; 2],
+        lane: usize,
+        t: &Entries<P>,
+        p: Table<'_>,
+    ) {
         let i = lane * R::E;
         let mut cur = first;
         for h in 0..rows.count {
@@ -343,7 +448,7 @@ impl Style for GptJ {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, 0) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, B>(t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload) };
+            unsafe { rotate_lane::<R, B, P>(t, p, R::E / 2, &cur, &mut y, |j| ((0, 2 * j), (0, 2 * j + 1)), reload) };
             // SAFETY: as above.
             unsafe { R::store_raw(rows.dst(h, i * R::SIZE), y[0]) };
             cur = next;

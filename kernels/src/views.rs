@@ -51,6 +51,9 @@ impl HeadsView {
 ///
 /// Which rows exist is the host's to guarantee: a launch's [`PositionsView`] admits only
 /// positions below its limit, which the host makes at most the table's rows.
+///
+/// With multimodal RoPE (MRoPE) each pair takes its row from one of a token's three
+/// positions (temporal, height, width): [`TableView::stream`] says which.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableView {
@@ -59,7 +62,27 @@ pub struct TableView {
     cos_lo: u64,
     sin_lo: u64,
     half: u32,
-    _pad: u32,
+    /// [`MropeBands`] as three words (without MRoPE: every pair in stream 0).
+    bands: [u32; 3],
+}
+
+/// How the pairs of a row are split among MRoPE's three position streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MropeBands {
+    /// Qwen2-VL: contiguous bands of `sections[0]`, `sections[1]` and `sections[2]` pairs
+    /// take streams 0, 1 and 2.
+    Contiguous([u32; 3]),
+    /// Qwen3-VL: pairs cycle through the streams (pair `i` takes stream `i % 3`) while each
+    /// stream's section lasts: stream 1 for `i % 3 == 1, i < 3 * sections[1]`, stream 2 for
+    /// `i % 3 == 2, i < 3 * sections[2]`, stream 0 for every other pair.
+    Interleaved([u32; 3]),
+}
+
+impl MropeBands {
+    /// The stream (0, 1 or 2) of pair `i` (what the kernels compute, through [`TableView::stream`]).
+    pub fn stream(self, i: u32) -> u32 {
+        TableView::new([0; 4], 0).with_mrope(self).stream(i)
+    }
 }
 
 impl TableView {
@@ -67,7 +90,20 @@ impl TableView {
     /// addresses are not read by kernels that take the caller's tables).
     pub const fn new(addresses: [u64; 4], half: u32) -> Self {
         let [cos, sin, cos_lo, sin_lo] = addresses;
-        TableView { cos, sin, cos_lo, sin_lo, half, _pad: 0 }
+        TableView { cos, sin, cos_lo, sin_lo, half, bands: [u32::MAX, u32::MAX, 0] }
+    }
+
+    /// The same table, its pairs split among three position streams as `bands` says (read
+    /// only by the MRoPE kernels).
+    pub const fn with_mrope(mut self, bands: MropeBands) -> Self {
+        // Words: the boundaries where stream 1 and stream 2 start (contiguous), or
+        // `3 * sections[1]`, `3 * sections[2]` with the top bit of the third word set
+        // (interleaved).
+        self.bands = match bands {
+            MropeBands::Contiguous([s0, s1, _]) => [s0, s0 + s1, 0],
+            MropeBands::Interleaved([_, s1, s2]) => [3 * s1, 3 * s2, 1],
+        };
+        self
     }
 
     /// `[cos, sin, cos_lo, sin_lo]`.
@@ -87,6 +123,23 @@ impl TableView {
     pub fn entry(&self, pos: usize, i: usize) -> usize {
         pos * self.half as usize + i
     }
+
+    /// The MRoPE stream (0, 1 or 2) of pair `i`, as [`MropeBands::stream`] of the bands given
+    /// to [`TableView::with_mrope`].
+    #[inline(always)]
+    pub fn stream(&self, i: u32) -> u32 {
+        let [a, b, interleaved] = self.bands;
+        if interleaved == 0 {
+            (i >= a) as u32 + (i >= b) as u32
+        } else {
+            let r = i % 3;
+            if (r == 1 && i < a) || (r == 2 && i < b) {
+                r
+            } else {
+                0
+            }
+        }
+    }
 }
 
 /// How a launch finds each token's position; one naming for the typed and raw host APIs.
@@ -104,6 +157,11 @@ pub enum PositionKind {
     OffsetsI32 = 3,
     /// One i64 start per sequence.
     OffsetsI64 = 4,
+    /// MRoPE: three i32 positions per token (temporal, height, width), `[3, batch * seq]`
+    /// row-major: stream `k` of token `t` at `k * batch * seq + t`.
+    StreamsI32 = 5,
+    /// MRoPE: three i64 positions per token, as [`PositionKind::StreamsI32`].
+    StreamsI64 = 6,
 }
 
 impl PositionKind {
@@ -113,15 +171,21 @@ impl PositionKind {
             PositionKind::Sequential => None,
             PositionKind::IdsI32 | PositionKind::IdsI64 => Some(batch.saturating_mul(seq)),
             PositionKind::OffsetsI32 | PositionKind::OffsetsI64 => Some(batch),
+            PositionKind::StreamsI32 | PositionKind::StreamsI64 => Some(batch.saturating_mul(seq).saturating_mul(3)),
         }
+    }
+
+    /// Whether the kind holds three position streams per token (MRoPE).
+    pub fn is_streams(self) -> bool {
+        matches!(self, PositionKind::StreamsI32 | PositionKind::StreamsI64)
     }
 
     /// Bytes per element of the buffer (and its alignment); 0 without one.
     pub fn elem_size(self) -> usize {
         match self {
             PositionKind::Sequential => 0,
-            PositionKind::IdsI32 | PositionKind::OffsetsI32 => 4,
-            PositionKind::IdsI64 | PositionKind::OffsetsI64 => 8,
+            PositionKind::IdsI32 | PositionKind::OffsetsI32 | PositionKind::StreamsI32 => 4,
+            PositionKind::IdsI64 | PositionKind::OffsetsI64 | PositionKind::StreamsI64 => 8,
         }
     }
 }
@@ -134,6 +198,10 @@ pub struct PositionsView {
     ptr: u64,
     kind: PositionKind,
     limit: u32,
+    /// Elements between streams ([`PositionKind::StreamsI32`], [`PositionKind::StreamsI64`]):
+    /// the launch's tokens.
+    stride: u32,
+    _pad: u32,
 }
 
 impl PositionsView {
@@ -144,7 +212,14 @@ impl PositionsView {
             PositionKind::Sequential => 0,
             _ => ptr,
         };
-        PositionsView { ptr, kind, limit }
+        PositionsView { ptr, kind, limit, stride: 0, _pad: 0 }
+    }
+
+    /// Three streams per token, `stride` elements apart (the launch's tokens): a
+    /// [`PositionKind::StreamsI32`] or [`PositionKind::StreamsI64`] view.
+    pub const fn streams(wide: bool, ptr: u64, limit: u32, stride: u32) -> Self {
+        let kind = if wide { PositionKind::StreamsI64 } else { PositionKind::StreamsI32 };
+        PositionsView { ptr, kind, limit, stride, _pad: 0 }
     }
 
     /// How the positions are read.
@@ -162,22 +237,77 @@ impl PositionsView {
         self.ptr
     }
 
-    /// Token `token`'s position (sequence `b`, index `s`), before the range check.
+    /// Token `token`'s position (sequence `b`, index `s`), before the range check. With
+    /// three streams: the first of them outside `0..limit` if any (so that the token is
+    /// skipped and that value reported), else stream 0.
     ///
     /// # Safety
     /// The buffer holds the elements [`PositionKind::buffer_len`] names, and `token < batch *
     /// seq`, `b < batch`.
     #[inline(always)]
     pub unsafe fn load(&self, token: u32, b: u32, s: u32) -> i64 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self.kind.is_streams() {
+                true => self.load_streams(token),
+                false => self.load_one(token, b, s),
+            }
+        }
+    }
+
+    /// [`PositionsView::load`] of a view of one position per token (kernels that never take
+    /// streams read only these kinds; a streams view reads as stream 0's ids).
+    ///
+    /// # Safety
+    /// As [`PositionsView::load`].
+    #[inline(always)]
+    pub unsafe fn load_one(&self, token: u32, b: u32, s: u32) -> i64 {
         let (i32s, i64s) = (self.ptr as *const i32, self.ptr as *const i64);
         // SAFETY: the caller's contract: each index is within the buffer.
         unsafe {
             match self.kind {
-                PositionKind::IdsI32 => load_i32(i32s.add(token as usize)) as i64,
-                PositionKind::IdsI64 => load_i64(i64s.add(token as usize)),
+                PositionKind::IdsI32 | PositionKind::StreamsI32 => load_i32(i32s.add(token as usize)) as i64,
+                PositionKind::IdsI64 | PositionKind::StreamsI64 => load_i64(i64s.add(token as usize)),
                 PositionKind::OffsetsI32 => load_i32(i32s.add(b as usize)) as i64 + s as i64,
                 PositionKind::OffsetsI64 => load_i64(i64s.add(b as usize)).wrapping_add(s as i64),
                 PositionKind::Sequential => s as i64,
+            }
+        }
+    }
+
+    /// [`PositionsView::load`] of a streams view: the first stream out of range, else stream 0.
+    ///
+    /// # Safety
+    /// As [`PositionsView::load`], for a streams view.
+    #[inline(always)]
+    pub unsafe fn load_streams(&self, token: u32) -> i64 {
+        // SAFETY: the caller's contract.
+        let [p0, p1, p2] = unsafe { self.streams_of(token) };
+        if self.check(p0).is_none() {
+            p0
+        } else if self.check(p1).is_none() {
+            p1
+        } else if self.check(p2).is_none() {
+            p2
+        } else {
+            p0
+        }
+    }
+
+    /// Token `token`'s three positions (a streams view), before the range check.
+    ///
+    /// # Safety
+    /// As [`PositionsView::load`], for a streams view.
+    #[inline(always)]
+    pub unsafe fn streams_of(&self, token: u32) -> [i64; 3] {
+        let (t, n) = (token as usize, self.stride as usize);
+        let (i32s, i64s) = (self.ptr as *const i32, self.ptr as *const i64);
+        // SAFETY: the caller's contract: `[3, tokens]` elements, `token < tokens`.
+        unsafe {
+            if self.kind == PositionKind::StreamsI64 {
+                [load_i64(i64s.add(t)), load_i64(i64s.add(t + n)), load_i64(i64s.add(t + 2 * n))]
+            } else {
+                [t, t + n, t + 2 * n].map(|i| load_i32(i32s.add(i)) as i64)
             }
         }
     }
@@ -612,5 +742,59 @@ mod tests {
         let t = TableView::new([1, 2, 3, 4], 64);
         assert_eq!((t.entry(0, 5), t.entry(3, 5)), (5, 3 * 64 + 5));
         assert_eq!(t.addresses(), [1, 2, 3, 4]);
+    }
+
+    /// Qwen2-VL's contiguous bands and Qwen3-VL's interleaved ones, pair by pair, as
+    /// transformers lays them out: `cat([m[i % 3] for i, m in enumerate(split(sections))])`
+    /// over the frequencies, and `freqs[..., k:3 * s_k:3]` taken from stream k for k = 1, 2.
+    #[test]
+    fn mrope_bands_give_each_pair_its_stream() {
+        let contiguous = MropeBands::Contiguous([16, 24, 24]);
+        let want: Vec<u32> = (0..64)
+            .map(|i| {
+                if i < 16 {
+                    0
+                } else if i < 40 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        assert_eq!((0..64).map(|i| contiguous.stream(i)).collect::<Vec<_>>(), want);
+        let interleaved = MropeBands::Interleaved([24, 20, 20]);
+        let mut want = [0u32; 64];
+        for k in 1..3u32 {
+            for i in (k as usize..60).step_by(3) {
+                want[i] = k;
+            }
+        }
+        assert_eq!((0..64).map(|i| interleaved.stream(i)).collect::<Vec<_>>(), want);
+        let counts = |b: MropeBands| (0..3).map(|k| (0..64).filter(|&i| b.stream(i) == k).count()).collect::<Vec<_>>();
+        assert_eq!(counts(contiguous), [16, 24, 24]);
+        assert_eq!(counts(interleaved), [24, 20, 20]);
+        // The plain table has no bands: every pair takes stream 0.
+        assert!((0..64).all(|i| TableView::new([0; 4], 64).stream(i) == 0));
+    }
+
+    #[test]
+    fn position_streams_are_read_per_token_and_the_first_bad_one_reported() {
+        // [3, 4]: token t's streams at t, 4 + t, 8 + t.
+        let s32: [i32; 12] = [0, 1, 2, 3, 10, 11, 99, 13, 20, -5, 22, 23];
+        let s64: Vec<i64> = s32.iter().map(|&v| v as i64).collect();
+        for (wide, ptr) in [(false, s32.as_ptr() as u64), (true, s64.as_ptr() as u64)] {
+            let v = PositionsView::streams(wide, ptr, 50, 4);
+            assert!(v.kind().is_streams());
+            // SAFETY: 12 elements: tokens 0..4 of three streams.
+            unsafe {
+                assert_eq!(v.streams_of(0), [0, 10, 20]);
+                assert_eq!(v.streams_of(3), [3, 13, 23]);
+                assert_eq!(v.load(0, 0, 0), 0, "in range: stream 0");
+                assert_eq!(v.load(1, 0, 1), -5, "stream 2 out of range");
+                assert_eq!(v.load(2, 0, 2), 99, "stream 1 out of range");
+            }
+        }
+        assert_eq!(PositionKind::StreamsI64.buffer_len(2, 5), Some(30));
+        assert_eq!((PositionKind::StreamsI32.elem_size(), PositionKind::StreamsI64.elem_size()), (4, 8));
     }
 }
