@@ -27,6 +27,8 @@ pub(crate) trait PairRows: Copy + Default {
     unsafe fn of(positions: &PositionsView, t: u32, pos: u32) -> Self;
     /// The entry index of pair `i`.
     fn entry(self, table: &TableView, i: usize) -> usize;
+    /// Whether pairs `i..i + n` all read one row.
+    fn one_row(self, table: &TableView, i: usize, n: usize) -> bool;
 }
 
 /// Every pair at the token's one position.
@@ -52,6 +54,10 @@ impl PairRows for OneRow {
     fn entry(self, table: &TableView, i: usize) -> usize {
         table.entry(self.0 as usize, i)
     }
+    #[inline(always)]
+    fn one_row(self, _: &TableView, _: usize, _: usize) -> bool {
+        true
+    }
 }
 
 impl PairRows for StreamRows {
@@ -76,6 +82,11 @@ impl PairRows for StreamRows {
             _ => p2,
         };
         table.entry(pos as usize, i)
+    }
+    #[inline(always)]
+    fn one_row(self, table: &TableView, i: usize, n: usize) -> bool {
+        let [p0, p1, p2] = self.0;
+        (p0 == p1 && p1 == p2) || table.one_band(i as u32, (i + n - 1) as u32)
     }
 }
 
@@ -156,9 +167,10 @@ impl<P: PairRows> Entries<P> {
         let [cos, sin, ..] = p.view.addresses();
         let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
         let at = rows.entry(p.view, i);
-        // MRoPE lanes whose pairs all lie in one stream's band (Qwen2-VL's sections are
-        // multiples of the lane width) read one row too.
-        let one_row = P::ONE_ROW || rows.entry(p.view, i + n - 1) == at + n - 1;
+        // MRoPE lanes whose pairs all read one row (text tokens; or, with contiguous bands,
+        // lanes inside one band: Qwen2-VL's sections are multiples of the lane width) load
+        // as one row too.
+        let one_row = P::ONE_ROW || rows.one_row(p.view, i, n);
         if one_row {
             // SAFETY: the caller's contract: the row holds entries `i..i + n`.
             (c, s) = unsafe { (B::load(cos, at, n), B::load(sin, at, n)) };

@@ -124,6 +124,13 @@ impl TableView {
         pos * self.half as usize + i
     }
 
+    /// Whether pairs `i..=j` (`i <= j`) all take one stream: in one contiguous band (the
+    /// interleaved layout changes streams from pair to pair, so there only `i == j`).
+    #[inline(always)]
+    pub fn one_band(&self, i: u32, j: u32) -> bool {
+        i == j || (self.bands[2] == 0 && self.stream(i) == self.stream(j))
+    }
+
     /// The MRoPE stream (0, 1 or 2) of pair `i`, as [`MropeBands::stream`] of the bands given
     /// to [`TableView::with_mrope`].
     #[inline(always)]
@@ -775,6 +782,11 @@ mod tests {
         assert_eq!(counts(interleaved), [24, 20, 20]);
         // The plain table has no bands: every pair takes stream 0.
         assert!((0..64).all(|i| TableView::new([0; 4], 64).stream(i) == 0));
+        // One band: lanes inside a contiguous band, never across the interleaving.
+        let (c, il) =
+            (TableView::new([0; 4], 64).with_mrope(contiguous), TableView::new([0; 4], 64).with_mrope(interleaved));
+        assert!(c.one_band(16, 23) && c.one_band(32, 39) && !c.one_band(12, 19) && !c.one_band(36, 43));
+        assert!(!il.one_band(0, 3) && !il.one_band(60, 63) && il.one_band(5, 5));
     }
 
     #[test]
