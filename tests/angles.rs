@@ -1,0 +1,152 @@
+//! The angle arithmetic of in-kernel cos/sin (issue 18), run here on the CPU: the kernels'
+//! own code (`rope_cuda_kernels::math`) against an arbitrary-precision reference
+//! (`astro-float`, 320-bit), at positions up to `2^31 - 1`.
+//!
+//! - `1 / 2π`'s 256 bits (`INV_2PI`) and each frequency's 96-bit turns (`turns_of`) are exact;
+//! - `turns_at(p, turns_of(f))` is `frac(p f / 2π)` within `2^-63` turns for every `p < 2^31`;
+//! - the f32 `(sin, cos)` of those turns is within 2 ulp of `1` (absolute `2^-23`) of the exact
+//!   value of `p f`, the f64 one within `2^-50`: and so is the reference itself, computed at two
+//!   precisions (320 and 256 bits), which must agree to `2^-200`.
+
+use astro_float::{BigFloat, Consts, Radix, RoundingMode};
+use rope_cuda::reference::splitmix64;
+use rope_cuda_kernels::math::{sincos_turns, sincos_turns_f64, split, turns_at, turns_of, INV_2PI};
+
+const P: usize = 320;
+const RM: RoundingMode = RoundingMode::ToEven;
+
+fn big(v: f64, p: usize) -> BigFloat {
+    BigFloat::from_f64(v, p)
+}
+
+/// `|a - b|` as f64 (through its decimal form: enough for error sizes).
+fn diff(a: &BigFloat, b: &BigFloat, cc: &mut Consts) -> f64 {
+    let d = a.sub(b, P, RM).abs();
+    let s = d.format(Radix::Dec, RM, cc).expect("format");
+    s.parse::<f64>().unwrap_or_else(|_| panic!("parse {s}"))
+}
+
+/// The exact `(sin, cos)` of `p f` at precision `prec`: the product is exact (at most 84
+/// bits), the reduction and the functions carry `prec` bits.
+fn exact(p: u32, f: f64, prec: usize, cc: &mut Consts) -> (BigFloat, BigFloat) {
+    let theta = BigFloat::from_u32(p, prec).mul(&big(f, prec), prec, RM);
+    let two_pi = cc.pi(prec, RM).mul(&BigFloat::from_u32(2, prec), prec, RM);
+    let turns = theta.div(&two_pi, prec, RM);
+    let reduced = turns.fract().mul(&two_pi, prec, RM);
+    (reduced.sin(prec, RM, cc), reduced.cos(prec, RM, cc))
+}
+
+/// `frac(f / 2π)` at 320 bits.
+fn exact_turns(f: f64, cc: &mut Consts) -> BigFloat {
+    let two_pi = cc.pi(P, RM).mul(&BigFloat::from_u32(2, P), P, RM);
+    big(f, P).div(&two_pi, P, RM).fract()
+}
+
+/// A 96-bit (or 64-bit) binary fraction as a BigFloat.
+fn fraction(words: &[u32]) -> BigFloat {
+    let mut v = BigFloat::from_u32(0, P);
+    let mut scale = BigFloat::from_u32(1, P);
+    let two32 = BigFloat::from_u64(1 << 32, P);
+    for &w in words {
+        scale = scale.div(&two32, P, RM);
+        v = v.add(&BigFloat::from_u32(w, P).mul(&scale, P, RM), P, RM);
+    }
+    v
+}
+
+#[test]
+fn inv_2pi_has_256_exact_bits() {
+    let mut cc = Consts::new().unwrap();
+    let two_pi = cc.pi(P, RM).mul(&BigFloat::from_u32(2, P), P, RM);
+    let inv = BigFloat::from_u32(1, P).div(&two_pi, P, RM);
+    let err = diff(&fraction(&INV_2PI), &inv, &mut cc);
+    assert!(err < 2f64.powi(-256), "INV_2PI is off by {err:e}");
+}
+
+/// Frequencies as models have them: several bases and dims, linear and tiny ones, and a few
+/// above one turn per position.
+fn frequencies() -> Vec<f64> {
+    let mut fs = vec![1.0, 0.5, 1e-9, 2.5, 7.0, 1234.5678];
+    for (base, dim) in
+        [(10_000.0f64, 128usize), (500_000.0, 128), (1_000_000.0, 64), (5_000_000.0, 128), (10_000.0, 96)]
+    {
+        for i in [0, 1, 2, dim / 8, dim / 4 - 1, dim / 2 - 1] {
+            let f = 1.0 / base.powf((2 * i) as f64 / dim as f64);
+            fs.extend([f, f / 8.0, f / 64.0]);
+        }
+    }
+    fs
+}
+
+#[test]
+fn frequencies_become_exact_96_bit_turns() {
+    let mut cc = Consts::new().unwrap();
+    for f in frequencies() {
+        let r = turns_of(f).unwrap();
+        let err = diff(&fraction(&r), &exact_turns(f, &mut cc), &mut cc);
+        assert!(err < 2f64.powi(-96), "f = {f}: turns off by {err:e}");
+    }
+    assert_eq!(turns_of(0.0), Some([0; 3]));
+    assert_eq!(turns_of(-1.0), None);
+    assert_eq!(turns_of(f64::NAN), None);
+    assert_eq!(turns_of(1e10), None);
+}
+
+/// The positions the issue names, and seeded random ones.
+fn positions() -> Vec<u32> {
+    let mut ps = vec![0, 1, 2, 3, 1 << 20, (1 << 20) - 1, 1 << 24, 1 << 28, (1 << 28) + 12_345, (1u32 << 31) - 1];
+    ps.extend((0..24).map(|i| (splitmix64(0xA11CE ^ i) % (1u64 << 31)) as u32));
+    ps
+}
+
+#[test]
+fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
+    let mut cc = Consts::new().unwrap();
+    let (mut worst32, mut worst64, mut worst_turns) = (0f64, 0f64, 0f64);
+    let fs = frequencies();
+    for (k, p) in positions().into_iter().enumerate() {
+        // Every position with a third of the frequencies (all of them over the positions).
+        for &f in fs.iter().skip(k % 3).step_by(3) {
+            let t = turns_at(p, turns_of(f).unwrap());
+            let (es, ec) = exact(p, f, P, &mut cc);
+            // The turns themselves.
+            let want = BigFloat::from_u32(p, P).mul(&exact_turns(f, &mut cc), P, RM).fract();
+            let got = fraction(&[(t >> 32) as u32, t as u32]);
+            let e = diff(&got, &want, &mut cc);
+            let e = e.min(1.0 - e); // across the wrap
+            assert!(e < 2f64.powi(-63), "p {p} f {f}: turns off by {e:e}");
+            worst_turns = worst_turns.max(e);
+            let (s, c) = sincos_turns(t);
+            let (s64, c64) = sincos_turns_f64(t);
+            for (what, got32, got64, want) in [("sin", s, s64, &es), ("cos", c, c64, &ec)] {
+                let e32 = diff(&big(got32 as f64, P), want, &mut cc);
+                let e64 = diff(&big(got64, P), want, &mut cc);
+                assert!(e32 <= 2f64.powi(-23), "p {p} f {f} {what}: f32 off by {e32:e}");
+                assert!(e64 <= 2f64.powi(-50), "p {p} f {f} {what}: f64 off by {e64:e}");
+                // The f32 pair the exact rotation uses carries the f64 value.
+                let (hi, lo) = split(got64);
+                assert!((hi as f64 + lo as f64 - got64).abs() <= 2f64.powi(-70) + got64.abs() * 2f64.powi(-48));
+                worst32 = worst32.max(e32);
+                worst64 = worst64.max(e64);
+            }
+        }
+    }
+    println!(
+        "worst: turns {worst_turns:e}, f32 {worst32:e} ({:.2} ulp of 1), f64 {worst64:e}",
+        worst32 / 2f64.powi(-24)
+    );
+}
+
+/// The reference agrees with itself at two precisions, far below what it checks.
+#[test]
+fn the_reference_agrees_with_itself_at_two_precisions() {
+    let mut cc = Consts::new().unwrap();
+    for p in [(1u32 << 31) - 1, 1 << 28, 977] {
+        for f in [1.0, 0.3, 1.0 / 10_000f64.powf(0.5)] {
+            let (s320, c320) = exact(p, f, 320, &mut cc);
+            let (s256, c256) = exact(p, f, 256, &mut cc);
+            assert!(diff(&s320, &s256, &mut cc) < 2f64.powi(-200), "sin at {p}, {f}");
+            assert!(diff(&c320, &c256, &mut cc) < 2f64.powi(-200), "cos at {p}, {f}");
+        }
+    }
+}
