@@ -1,7 +1,7 @@
 //! The f64 CPU reference the tests compare the kernels with, and the seeded input generator
 //! shared with the golden-data script (`tests/data/make_golden.py`).
 
-use rope_cuda_kernels::math::inv_freq;
+use rope_cuda_kernels::math::{inv_freq, turns_at, turns_of};
 
 use crate::config::{Direction, Mrope, RopeStyle};
 use crate::tensor::Element;
@@ -83,7 +83,7 @@ pub fn rope_row_streams(
     let mut out = x.to_vec();
     for (i, &f) in inv_freq.iter().enumerate() {
         let position = positions[mrope.map_or(0, |m| m.stream(i))];
-        let (s, c) = (position * f).sin_cos();
+        let (s, c) = sin_cos(position, f);
         let (s, c) = (sign * attention * s, attention * c);
         let (a, b) = match style {
             RopeStyle::NeoX => (i, i + half),
@@ -93,6 +93,30 @@ pub fn rope_row_streams(
         out[b] = x[b] * c + x[a] * s;
     }
     out
+}
+
+/// `(sin, cos)` of `position * f` to about `2^-51` at every integer position below `2^32`:
+/// the product is formed exactly and reduced modulo `2π` in exact turns (a 96-bit frequency in
+/// turns, a 256-bit `1 / 2π`), and only the reduced angle goes through f64 `sin_cos`. (A plain
+/// f64 product at position `2^31` is already about `2^-22` rad off.) Other positions take the
+/// plain f64 product. `tests/angles.rs` checks it against an arbitrary-precision reference.
+///
+/// ```
+/// use rope_cuda::reference::sin_cos;
+/// let (s, c) = sin_cos(3.0, 0.5);
+/// assert!((s - 1.5f64.sin()).abs() < 1e-15 && (c - 1.5f64.cos()).abs() < 1e-15);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn sin_cos(position: f64, f: f64) -> (f64, f64) {
+    if (0.0..4_294_967_296.0).contains(&position) && position.fract() == 0.0 {
+        if let Some(r) = turns_of(f.abs()) {
+            let t = turns_at(position as u32, r);
+            // Signed turns: the angle in [-π, π), where the f64 product rounds least.
+            let (s, c) = (t as i64 as f64 * (std::f64::consts::TAU / 18_446_744_073_709_551_616.0)).sin_cos();
+            return (if f < 0.0 { -s } else { s }, c);
+        }
+    }
+    (position * f).sin_cos()
 }
 
 /// Rotate-half (NeoX) RoPE of one row in f64: `out = x * cos + rotate_half(x) * sin`, with

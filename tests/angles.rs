@@ -137,6 +137,24 @@ fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
     );
 }
 
+/// The f64 reference the other tests use (`rope_cuda::reference::sin_cos`: exact product,
+/// reduction in exact turns) is within `2^-50` of the exact values at every position.
+#[test]
+fn the_f64_reference_is_exact_to_2_pow_50_at_every_position() {
+    let mut cc = Consts::new().unwrap();
+    let mut worst = 0f64;
+    for p in positions() {
+        for f in frequencies() {
+            let (s, c) = rope_cuda::reference::sin_cos(p as f64, f);
+            let (es, ec) = exact(p, f, P, &mut cc);
+            let e = diff(&big(s, P), &es, &mut cc).max(diff(&big(c, P), &ec, &mut cc));
+            assert!(e <= 2f64.powi(-50), "p {p} f {f}: {e:e}");
+            worst = worst.max(e);
+        }
+    }
+    println!("f64 reference: worst {worst:e}");
+}
+
 /// The reference agrees with itself at two precisions, far below what it checks.
 #[test]
 fn the_reference_agrees_with_itself_at_two_precisions() {
@@ -149,4 +167,65 @@ fn the_reference_agrees_with_itself_at_two_precisions() {
             assert!(diff(&c320, &c256, &mut cc) < 2f64.powi(-200), "cos at {p}, {f}");
         }
     }
+}
+
+/// The kernels' rotation with cos and sin computed from turns (the fast f32 values, the
+/// decision, the exact f64 path), on half random and half cancelling pairs at positions up to
+/// `2^31 - 1`: every 16-bit output within one ulp of the correctly rounded exact result (the
+/// f64 reference above), the f32 ones within 2e-6 of the pair's size.
+fn rotation_sweep<T: rope_cuda::reference::RefElem>() {
+    use rope_cuda::reference::{sin_cos, uniform};
+    use rope_cuda::DType;
+    use rope_cuda_kernels::math::{rotate_pair, rotate_pair_fast, Narrow};
+    // Computed cos and sin are within 1.5 2^-24 (not half an ulp, as a table's entries): the
+    // decision takes half the tables' scale, which keeps a margin of about 2 (see `Narrow`).
+    let table = if T::DTYPE == DType::BF16 { Narrow::BF16 } else { Narrow::F16 };
+    let narrow = Narrow { scale: table.scale / 2.0, ..table };
+    let fs = frequencies();
+    let (mut flagged, mut failures) = (0usize, Vec::new());
+    let cases = 200_000u64;
+    for i in 0..cases {
+        let p = (splitmix64(i ^ 0xBEEF) % (1u64 << 31)) as u32;
+        let f = fs[(i % fs.len() as u64) as usize];
+        let t = turns_at(p, turns_of(f).unwrap());
+        let (s_ref, c_ref) = sin_cos(p as f64, f);
+        let x0 = T::from_f32(uniform(3, 0, i));
+        let x1 = if i % 2 == 0 { T::from_f32(uniform(3, 1, i)) } else { T::round(x0.to_f64() * c_ref / s_ref) };
+        if !x1.to_f64().is_finite() {
+            continue;
+        }
+        let (a, b) = (x0.to_f64() as f32, x1.to_f64() as f32);
+        let (s, c) = sincos_turns(t);
+        let fast = rotate_pair_fast(a, b, c, s);
+        let y = if narrow.pair_needs_precise(fast, a, b) {
+            flagged += 1;
+            let (s64, c64) = sincos_turns_f64(t);
+            rotate_pair(a, b, split(c64), split(s64))
+        } else {
+            fast
+        };
+        let exact = (a as f64 * c_ref - b as f64 * s_ref, b as f64 * c_ref + a as f64 * s_ref);
+        for (got, want) in [(y.0, exact.0), (y.1, exact.1)] {
+            let (g, w) = (T::from_f32(got), T::round(want));
+            if g.ulps(w) > 1 {
+                failures.push(format!("{} p {p} f {f} x=({a}, {b}): {g:?} vs {w:?} ({want:e})", T::NAME));
+            }
+        }
+        // f32: the fast values alone.
+        let err = (fast.0 as f64 - exact.0).abs().max((fast.1 as f64 - exact.1).abs());
+        assert!(err <= 2e-6 * (a.abs() + b.abs()) as f64 + 1e-30, "f32 p {p} f {f}: {err:e}");
+    }
+    assert!(failures.is_empty(), "{} failures, e.g.\n{}", failures.len(), failures[..failures.len().min(5)].join("\n"));
+    assert!(flagged > 1000, "the cancelling half takes the exact path ({flagged})");
+    println!("{}: {flagged} of {} pairs took the exact path", T::NAME, cases);
+}
+
+#[test]
+fn computed_rotation_is_within_one_ulp_in_bf16() {
+    rotation_sweep::<half::bf16>();
+}
+
+#[test]
+fn computed_rotation_is_within_one_ulp_in_f16() {
+    rotation_sweep::<half::f16>();
 }
