@@ -256,7 +256,7 @@ pub fn turns_of(f: f64) -> Option<Turns> {
     // f / 2π = prod 2^(e - 256); its fraction's top 96 bits: bits [160 - e, 256 - e) of prod.
     let shift = 160 - e;
     let bit = |i: i32| -> u32 {
-        if i < 0 || i >= 320 {
+        if !(0..320).contains(&i) {
             0
         } else {
             ((prod[(i / 32) as usize] >> (i % 32)) & 1) as u32
