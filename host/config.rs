@@ -61,8 +61,9 @@ impl Mrope {
     }
 }
 
-/// Largest number of positions: the kernels index positions in 32 bits.
-pub const MAX_POSITION_LIMIT: usize = i32::MAX as usize;
+/// Largest `max_position`: positions `0..=2^31 - 1` (every non-negative i32) are valid at
+/// most. It is a limit the launches check, not a size: nothing is allocated per position.
+pub const MAX_POSITION_LIMIT: usize = 1 << 31;
 
 /// How many heads one thread of the RoPE kernels takes (where the views allow 16-byte
 /// accesses; otherwise the element-by-element kernels run). A tuning choice: every choice
@@ -111,7 +112,8 @@ pub struct RopeConfig {
     pub base: f64,
     /// Pairing of elements.
     pub style: RopeStyle,
-    /// Positions `0..max_position` are valid; the table holds that many rows.
+    /// Positions `0..max_position` are valid (a limit the launches check; nothing is allocated
+    /// per position).
     pub max_position: usize,
     /// Element type of q and k.
     pub dtype: DType,

@@ -198,7 +198,7 @@ pub enum Error {
         token: usize,
         /// Its position (saturated to the i32 range).
         position: i64,
-        /// Number of positions the table holds.
+        /// The configuration's `max_position`: valid positions are below it.
         max_position: usize,
         /// Number of offending tokens since the record was last read.
         count: u64,
@@ -283,11 +283,11 @@ pub enum Error {
     /// The call needs positions beyond the configuration's `max_position` (sequential
     /// positions of a sequence longer than it, or a zero `max_position`): build the `Rope`
     /// with a larger `max_position`, or pass explicit positions.
-    #[error("positions up to {needed} are needed, but the table covers only 0..{max_position}")]
+    #[error("positions up to {needed} are needed, but the configuration accepts only 0..{max_position}")]
     MaxPosition {
         /// One past the largest position the call needs.
         needed: usize,
-        /// Number of positions the table holds.
+        /// The configuration's `max_position`: valid positions are below it.
         max_position: usize,
     },
     /// A size exceeds what one launch can address (32-bit token, head and slot counts; grid

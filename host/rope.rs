@@ -255,7 +255,7 @@ impl Rope {
     /// use rope_cuda::{Direction, Error, Layout, Positions, Rope, RopeConfig, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
     /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
-    /// let ids = DeviceBuffer::from_slice(&[3i32, 99])?; // 99 is past the table
+    /// let ids = DeviceBuffer::from_slice(&[3i32, 99])?; // 99 is past max_position
     /// let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 2, 1, 64));
     /// rope.apply_in_place(&mut qv, None, Positions::IdsI32(&ids), Direction::Forward, &stream)?;
     /// match rope.check_errors(&stream) {
@@ -737,7 +737,10 @@ mod tests {
         assert!(matches!(ok.clone().rotary_dim(31).validate(), Err(Error::RotaryDim { .. })));
         assert!(matches!(ok.clone().base(0.0).validate(), Err(Error::Base { .. })));
         assert!(matches!(RopeConfig::new(128, 0).validate(), Err(Error::MaxPosition { .. })));
-        assert!(matches!(RopeConfig::new(128, 1 << 31).validate(), Err(Error::TooLarge { what: "max_position", .. })));
+        assert!(matches!(
+            RopeConfig::new(128, (1 << 31) + 1).validate(),
+            Err(Error::TooLarge { what: "max_position", .. })
+        ));
     }
 
     #[test]

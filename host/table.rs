@@ -1,6 +1,7 @@
-//! cos/sin tables: angles formed in f64, stored in f32, built once per configuration.
+//! The frequencies the kernels compute cos and sin from ([`RopeTable`]), and cos/sin tables on
+//! the host ([`HostTable`]: angles formed in f64, stored in f32) for callers who want one.
 
-use rope_cuda_kernels::math::{inv_freq, split_f64};
+use rope_cuda_kernels::math::{inv_freq, split_f64, turns_of};
 use rope_cuda_kernels::views::TableView;
 
 use crate::alloc::DeviceAlloc;
@@ -11,6 +12,7 @@ use crate::error::{Error, Result};
 /// `cos[p * half + i]` is the f32 nearest `cos(p * inv_freq[i])` (evaluated in f64) and
 /// `cos_lo` the f32 nearest the residual; likewise for the sines. The kernels use the
 /// residuals to keep each output within one f32 rounding of itself where products cancel.
+/// (The library's kernels need no table: [`RopeTable`].)
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTable {
     /// Pairs per row, `rotary_dim / 2`.
@@ -105,28 +107,28 @@ pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [
     })
 }
 
-/// A cos/sin table on the device.
+/// What the kernels compute cos and sin from: each pair's frequency as exact turns per
+/// position ([`rope_cuda_kernels::math::Turns`], from the f64 `inv_freq` after scaling and a
+/// 256-bit `1 / 2π`), 16 bytes a pair, and the attention factor. No table: its size is
+/// `rotary_dim / 2 * 16` bytes whatever `max_position` is, which only limits the positions a
+/// launch accepts.
 #[derive(Debug)]
 pub struct RopeTable {
     rotary_dim: usize,
     base: f64,
     attention: f64,
     max_position: usize,
-    cos: DeviceAlloc<f32>,
-    sin: DeviceAlloc<f32>,
-    cos_lo: DeviceAlloc<f32>,
-    sin_lo: DeviceAlloc<f32>,
+    freqs: DeviceAlloc<u32>,
 }
 
 impl RopeTable {
-    /// The kernels' view of the table.
+    /// The kernels' view of the frequencies.
     pub(crate) fn view(&self) -> TableView {
-        let addresses = [&self.cos, &self.sin, &self.cos_lo, &self.sin_lo].map(|b| b.address());
-        TableView::new(addresses, (self.rotary_dim / 2) as u32)
+        TableView::computed(self.freqs.address(), (self.rotary_dim / 2) as u32, self.attention)
     }
 
-    /// Builds the table of plain RoPE on the host (see [`HostTable::new`]) and uploads it
-    /// to the current context.
+    /// Plain RoPE's frequencies (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device,
+    /// in the current context.
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -134,14 +136,17 @@ impl RopeTable {
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// let table = rope_cuda::RopeTable::new(128, 500_000.0, 8192)?;
     /// assert_eq!((table.rotary_dim(), table.max_position(), table.attention_factor()), (128, 8192, 1.0));
+    /// assert_eq!(table.device_bytes(), 64 * 16);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
-        Self::upload(&HostTable::new(rotary_dim, base, max_position)?, base, 1.0)
+        check_table_args(rotary_dim, base, max_position)?;
+        let freqs: Vec<f64> = (0..rotary_dim / 2).map(|i| inv_freq(base, rotary_dim, i)).collect();
+        Self::upload(&freqs, rotary_dim, base, 1.0, max_position)
     }
 
-    /// Builds the table of `config` (its scaling included, see [`RopeConfig::frequencies`])
-    /// and uploads it to the current context.
+    /// `config`'s frequencies (its scaling included, see [`RopeConfig::frequencies`]) and
+    /// attention factor, on the device in the current context.
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -155,21 +160,13 @@ impl RopeTable {
     /// ```
     pub fn from_config(config: &RopeConfig) -> Result<Self> {
         let (freqs, attention) = config.frequencies()?;
-        let host = HostTable::from_frequencies(&freqs, attention, config.max_position)?;
-        Self::upload(&host, config.base, attention)
+        check_table_args(config.rotary_dim, config.base, config.max_position)?;
+        Self::upload(&freqs, config.rotary_dim, config.base, attention, config.max_position)
     }
 
-    fn upload(host: &HostTable, base: f64, attention: f64) -> Result<Self> {
-        Ok(RopeTable {
-            rotary_dim: 2 * host.half,
-            base,
-            attention,
-            max_position: host.max_position,
-            cos: DeviceAlloc::from_slice(&host.cos)?,
-            sin: DeviceAlloc::from_slice(&host.sin)?,
-            cos_lo: DeviceAlloc::from_slice(&host.cos_lo)?,
-            sin_lo: DeviceAlloc::from_slice(&host.sin_lo)?,
-        })
+    fn upload(freqs: &[f64], rotary_dim: usize, base: f64, attention: f64, max_position: usize) -> Result<Self> {
+        let words = turn_words(freqs)?;
+        Ok(RopeTable { rotary_dim, base, attention, max_position, freqs: DeviceAlloc::from_slice(&words)? })
     }
 
     /// The factor both cos and sin are multiplied by (1 without scaling).
@@ -177,7 +174,7 @@ impl RopeTable {
         self.attention
     }
 
-    /// The rotary dimension the table serves (twice its pairs per position).
+    /// The rotary dimension served (twice the pairs).
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }
@@ -187,10 +184,26 @@ impl RopeTable {
         self.base
     }
 
-    /// Number of positions the table holds: valid positions are `0..max_position`.
+    /// Valid positions are `0..max_position`: a limit the launches check, not a size.
     pub fn max_position(&self) -> usize {
         self.max_position
     }
+
+    /// Device memory held: 16 bytes per pair.
+    pub fn device_bytes(&self) -> usize {
+        self.rotary_dim / 2 * 16
+    }
+}
+
+/// Each frequency's [`rope_cuda_kernels::math::Turns`] and a pad word: the kernels' 16 bytes
+/// a pair.
+pub(crate) fn turn_words(freqs: &[f64]) -> Result<Vec<u32>> {
+    let mut words = Vec::with_capacity(4 * freqs.len());
+    for &f in freqs {
+        let [a, b, c] = turns_of(f).ok_or(Error::Scaling { field: "inv_freq", value: f })?;
+        words.extend([a, b, c, 0]);
+    }
+    Ok(words)
 }
 
 fn check_table_args(rotary_dim: usize, base: f64, max_position: usize) -> Result<()> {

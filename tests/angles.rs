@@ -177,10 +177,7 @@ fn rotation_sweep<T: rope_cuda::reference::RefElem>() {
     use rope_cuda::reference::{sin_cos, uniform};
     use rope_cuda::DType;
     use rope_cuda_kernels::math::{rotate_pair, rotate_pair_fast, Narrow};
-    // Computed cos and sin are within 1.5 2^-24 (not half an ulp, as a table's entries): the
-    // decision takes half the tables' scale, which keeps a margin of about 2 (see `Narrow`).
-    let table = if T::DTYPE == DType::BF16 { Narrow::BF16 } else { Narrow::F16 };
-    let narrow = Narrow { scale: table.scale / 2.0, ..table };
+    let narrow = if T::DTYPE == DType::BF16 { Narrow::BF16 } else { Narrow::F16 };
     let fs = frequencies();
     let (mut flagged, mut failures) = (0usize, Vec::new());
     let cases = 200_000u64;

@@ -86,6 +86,23 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             model.hk
         );
     }
+    // What a `Rope` costs to build, and holds on the device: no table, whatever the positions.
+    if config_path.is_none() {
+        println!("\nRope::new, head_dim 128 (llama3 scaling), bf16:");
+        println!("{:>12} {:>10} {:>14}", "positions", "ms", "device bytes");
+        for positions in [131_072usize, 1 << 20, 10_485_760] {
+            let config = RopeConfig::from_hf_config(&format!(
+                r#"{{"model_type": "llama", "head_dim": 128, "num_attention_heads": 40, "torch_dtype": "bfloat16",
+                    "max_position_embeddings": {positions}, "rope_theta": 500000.0,
+                    "rope_scaling": {{"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}}}}"#
+            ))?;
+            let start = std::time::Instant::now();
+            let rope = Rope::new(&kernels, config)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            println!("{positions:>12} {ms:>10.3} {:>14}", rope.table().device_bytes());
+        }
+    }
     // `--models`: only the model-shaped rows (for comparing builds).
     let only_models = flag("--models") || config_path.is_some();
     if !only_models {

@@ -278,12 +278,7 @@ impl KvUpdate {
             head_dim: d,
             rotary_dim: d,
             max_position: s,
-            // f32 tables are in the library kernels' own format; their residual tables are
-            // read only for 16-bit outputs, so f32 launches need none (null here).
-            tables: match dtype {
-                DType::F32 => TableSource::Library,
-                _ => TableSource::Caller,
-            },
+            tables: TableSource::Caller,
             mrope: None,
         };
         let table = TableView::new([cos.0, sin.0, 0, 0], (d / 2) as u32);

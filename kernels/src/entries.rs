@@ -16,7 +16,7 @@ use crate::{
     kv::{claim, kv_append},
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,
-    rotate::{ElemTable, F32Table, GptJ, NeoX, OneRow, StreamRows},
+    rotate::{Computed, ElemTable, F32Table, GptJ, NeoX, OneRow, StreamRows},
 };
 
 /// A kernel key: the parameters its entry points take, and the entry point of each key.
@@ -119,60 +119,63 @@ entry_points! {
         rope_gptj_bf16_v_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: RopeWidth::Vector, mrope: true } [GptJ, Vec16<Bf16>, Vec16<Bf16>, StreamRows, { heads_per_thread(true, false, 2) as usize }];
     }
     KvKey(KvParams) => kv_append {
-        kv_neox_f32_s { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<F32>, One<F32>, F32Table, OneRow, 1, true];
-        kv_neox_f32_v { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, OneRow, { kv_heads_per_thread(true, false, 4) as usize }, false];
-        kv_neox_f32_d { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<F32>, Vec8<F32>, F32Table, OneRow, 1, true];
-        kv_neox_f32_p { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, OneRow, 1, false];
-        kv_neox_f16_s { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<F16>, One<F16>, F32Table, OneRow, 1, true];
-        kv_neox_f16_v { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, OneRow, { kv_heads_per_thread(true, false, 2) as usize }, false];
-        kv_neox_f16_d { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<F16>, Vec8<F16>, F32Table, OneRow, 1, true];
-        kv_neox_f16_p { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, OneRow, 1, false];
-        kv_neox_bf16_s { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<Bf16>, One<Bf16>, F32Table, OneRow, 1, true];
-        kv_neox_bf16_v { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, OneRow, { kv_heads_per_thread(true, false, 2) as usize }, false];
-        kv_neox_bf16_d { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<Bf16>, Vec8<Bf16>, F32Table, OneRow, 1, true];
-        kv_neox_bf16_p { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, OneRow, 1, false];
-        kv_gptj_f32_s { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<F32>, One<F32>, F32Table, OneRow, 1, true];
-        kv_gptj_f32_v { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, OneRow, { kv_heads_per_thread(true, true, 4) as usize }, false];
-        kv_gptj_f32_d { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<F32>, Vec8<F32>, F32Table, OneRow, 1, true];
-        kv_gptj_f32_p { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, OneRow, 1, false];
-        kv_gptj_f16_s { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<F16>, One<F16>, F32Table, OneRow, 1, true];
-        kv_gptj_f16_v { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
-        kv_gptj_f16_d { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<F16>, Vec8<F16>, F32Table, OneRow, 1, true];
-        kv_gptj_f16_p { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, OneRow, 1, false];
-        kv_gptj_bf16_s { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<Bf16>, One<Bf16>, F32Table, OneRow, 1, true];
-        kv_gptj_bf16_v { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
-        kv_gptj_bf16_d { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<Bf16>, Vec8<Bf16>, F32Table, OneRow, 1, true];
-        kv_gptj_bf16_p { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, OneRow, 1, false];
+        kv_neox_f32_s { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<F32>, One<F32>, Computed, OneRow, 1, true];
+        kv_neox_f32_v { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F32>, Vec16<F32>, Computed, OneRow, { kv_heads_per_thread(true, false, 4) as usize }, false];
+        kv_neox_f32_d { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<F32>, Vec8<F32>, Computed, OneRow, 1, true];
+        kv_neox_f32_p { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F32>, Vec16<F32>, Computed, OneRow, 1, false];
+        kv_neox_f16_s { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<F16>, One<F16>, Computed, OneRow, 1, true];
+        kv_neox_f16_v { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F16>, Vec16<F16>, Computed, OneRow, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_neox_f16_d { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<F16>, Vec8<F16>, Computed, OneRow, 1, true];
+        kv_neox_f16_p { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<F16>, Vec16<F16>, Computed, OneRow, 1, false];
+        kv_neox_bf16_s { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [NeoX, One<Bf16>, One<Bf16>, Computed, OneRow, 1, true];
+        kv_neox_bf16_v { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [NeoX, Vec16<Bf16>, Vec16<Bf16>, Computed, OneRow, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_neox_bf16_d { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [NeoX, Vec8<Bf16>, Vec8<Bf16>, Computed, OneRow, 1, true];
+        kv_neox_bf16_p { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [NeoX, Vec16<Bf16>, Vec16<Bf16>, Computed, OneRow, 1, false];
+        kv_gptj_f32_s { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<F32>, One<F32>, Computed, OneRow, 1, true];
+        kv_gptj_f32_v { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F32>, Vec16<F32>, Computed, OneRow, { kv_heads_per_thread(true, true, 4) as usize }, false];
+        kv_gptj_f32_d { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<F32>, Vec8<F32>, Computed, OneRow, 1, true];
+        kv_gptj_f32_p { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F32>, Vec16<F32>, Computed, OneRow, 1, false];
+        kv_gptj_f16_s { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<F16>, One<F16>, Computed, OneRow, 1, true];
+        kv_gptj_f16_v { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F16>, Vec16<F16>, Computed, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_f16_d { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<F16>, Vec8<F16>, Computed, OneRow, 1, true];
+        kv_gptj_f16_p { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<F16>, Vec16<F16>, Computed, OneRow, 1, false];
+        kv_gptj_bf16_s { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: false } [GptJ, Two<Bf16>, One<Bf16>, Computed, OneRow, 1, true];
+        kv_gptj_bf16_v { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: false } [GptJ, Vec16<Bf16>, Vec16<Bf16>, Computed, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_bf16_d { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: false } [GptJ, Vec8<Bf16>, Vec8<Bf16>, Computed, OneRow, 1, true];
+        kv_gptj_bf16_p { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: false } [GptJ, Vec16<Bf16>, Vec16<Bf16>, Computed, OneRow, 1, false];
         kv_gptj_f16_s_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Caller, mrope: false } [GptJ, Two<F16>, One<F16>, ElemTable<F16>, OneRow, 1, true];
         kv_gptj_f16_v_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Caller, mrope: false } [GptJ, Vec16<F16>, Vec16<F16>, ElemTable<F16>, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
         kv_gptj_f16_d_t { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Caller, mrope: false } [GptJ, Vec8<F16>, Vec8<F16>, ElemTable<F16>, OneRow, 1, true];
         kv_gptj_bf16_s_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Caller, mrope: false } [GptJ, Two<Bf16>, One<Bf16>, ElemTable<Bf16>, OneRow, 1, true];
         kv_gptj_bf16_v_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Caller, mrope: false } [GptJ, Vec16<Bf16>, Vec16<Bf16>, ElemTable<Bf16>, OneRow, { kv_heads_per_thread(true, true, 2) as usize }, false];
         kv_gptj_bf16_d_t { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Caller, mrope: false } [GptJ, Vec8<Bf16>, Vec8<Bf16>, ElemTable<Bf16>, OneRow, 1, true];
-        kv_neox_f32_s_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<F32>, One<F32>, F32Table, StreamRows, 1, true];
-        kv_neox_f32_d_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<F32>, Vec8<F32>, F32Table, StreamRows, 1, true];
-        kv_neox_f32_p_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, StreamRows, 1, false];
-        kv_neox_f16_s_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<F16>, One<F16>, F32Table, StreamRows, 1, true];
-        kv_neox_f16_d_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<F16>, Vec8<F16>, F32Table, StreamRows, 1, true];
-        kv_neox_f16_p_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, StreamRows, 1, false];
-        kv_neox_bf16_s_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<Bf16>, One<Bf16>, F32Table, StreamRows, 1, true];
-        kv_neox_bf16_d_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<Bf16>, Vec8<Bf16>, F32Table, StreamRows, 1, true];
-        kv_neox_bf16_p_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, StreamRows, 1, false];
-        kv_gptj_f32_s_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<F32>, One<F32>, F32Table, StreamRows, 1, true];
-        kv_gptj_f32_d_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<F32>, Vec8<F32>, F32Table, StreamRows, 1, true];
-        kv_gptj_f32_p_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, StreamRows, 1, false];
-        kv_gptj_f16_s_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<F16>, One<F16>, F32Table, StreamRows, 1, true];
-        kv_gptj_f16_d_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<F16>, Vec8<F16>, F32Table, StreamRows, 1, true];
-        kv_gptj_f16_p_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, StreamRows, 1, false];
-        kv_gptj_bf16_s_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<Bf16>, One<Bf16>, F32Table, StreamRows, 1, true];
-        kv_gptj_bf16_d_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<Bf16>, Vec8<Bf16>, F32Table, StreamRows, 1, true];
-        kv_gptj_bf16_p_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, StreamRows, 1, false];
-        kv_neox_f32_v_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F32>, Vec16<F32>, F32Table, StreamRows, { kv_heads_per_thread(true, false, 4) as usize }, false];
-        kv_neox_f16_v_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F16>, Vec16<F16>, F32Table, StreamRows, { kv_heads_per_thread(true, false, 2) as usize }, false];
-        kv_neox_bf16_v_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<Bf16>, Vec16<Bf16>, F32Table, StreamRows, { kv_heads_per_thread(true, false, 2) as usize }, false];
-        kv_gptj_f32_v_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, StreamRows, { kv_heads_per_thread(true, true, 4) as usize }, false];
-        kv_gptj_f16_v_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F16>, Vec16<F16>, F32Table, StreamRows, { kv_heads_per_thread(true, true, 2) as usize }, false];
-        kv_gptj_bf16_v_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<Bf16>, Vec16<Bf16>, F32Table, StreamRows, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_f32_s_t { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Caller, mrope: false } [GptJ, Two<F32>, One<F32>, F32Table, OneRow, 1, true];
+        kv_gptj_f32_v_t { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Caller, mrope: false } [GptJ, Vec16<F32>, Vec16<F32>, F32Table, OneRow, { kv_heads_per_thread(true, true, 4) as usize }, false];
+        kv_gptj_f32_d_t { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Caller, mrope: false } [GptJ, Vec8<F32>, Vec8<F32>, F32Table, OneRow, 1, true];
+        kv_neox_f32_s_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<F32>, One<F32>, Computed, StreamRows, 1, true];
+        kv_neox_f32_d_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<F32>, Vec8<F32>, Computed, StreamRows, 1, true];
+        kv_neox_f32_p_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F32>, Vec16<F32>, Computed, StreamRows, 1, false];
+        kv_neox_f16_s_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<F16>, One<F16>, Computed, StreamRows, 1, true];
+        kv_neox_f16_d_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<F16>, Vec8<F16>, Computed, StreamRows, 1, true];
+        kv_neox_f16_p_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F16>, Vec16<F16>, Computed, StreamRows, 1, false];
+        kv_neox_bf16_s_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [NeoX, One<Bf16>, One<Bf16>, Computed, StreamRows, 1, true];
+        kv_neox_bf16_d_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [NeoX, Vec8<Bf16>, Vec8<Bf16>, Computed, StreamRows, 1, true];
+        kv_neox_bf16_p_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [NeoX, Vec16<Bf16>, Vec16<Bf16>, Computed, StreamRows, 1, false];
+        kv_gptj_f32_s_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<F32>, One<F32>, Computed, StreamRows, 1, true];
+        kv_gptj_f32_d_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<F32>, Vec8<F32>, Computed, StreamRows, 1, true];
+        kv_gptj_f32_p_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F32>, Vec16<F32>, Computed, StreamRows, 1, false];
+        kv_gptj_f16_s_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<F16>, One<F16>, Computed, StreamRows, 1, true];
+        kv_gptj_f16_d_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<F16>, Vec8<F16>, Computed, StreamRows, 1, true];
+        kv_gptj_f16_p_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F16>, Vec16<F16>, Computed, StreamRows, 1, false];
+        kv_gptj_bf16_s_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Scalar, tables: TableSource::Library, mrope: true } [GptJ, Two<Bf16>, One<Bf16>, Computed, StreamRows, 1, true];
+        kv_gptj_bf16_d_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Decode, tables: TableSource::Library, mrope: true } [GptJ, Vec8<Bf16>, Vec8<Bf16>, Computed, StreamRows, 1, true];
+        kv_gptj_bf16_p_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Prefill, tables: TableSource::Library, mrope: true } [GptJ, Vec16<Bf16>, Vec16<Bf16>, Computed, StreamRows, 1, false];
+        kv_neox_f32_v_m { style: RopeStyle::NeoX, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F32>, Vec16<F32>, Computed, StreamRows, { kv_heads_per_thread(true, false, 4) as usize }, false];
+        kv_neox_f16_v_m { style: RopeStyle::NeoX, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<F16>, Vec16<F16>, Computed, StreamRows, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_neox_bf16_v_m { style: RopeStyle::NeoX, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [NeoX, Vec16<Bf16>, Vec16<Bf16>, Computed, StreamRows, { kv_heads_per_thread(true, false, 2) as usize }, false];
+        kv_gptj_f32_v_m { style: RopeStyle::GptJ, dtype: DType::F32, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F32>, Vec16<F32>, Computed, StreamRows, { kv_heads_per_thread(true, true, 4) as usize }, false];
+        kv_gptj_f16_v_m { style: RopeStyle::GptJ, dtype: DType::F16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<F16>, Vec16<F16>, Computed, StreamRows, { kv_heads_per_thread(true, true, 2) as usize }, false];
+        kv_gptj_bf16_v_m { style: RopeStyle::GptJ, dtype: DType::BF16, width: KvWidth::Vector, tables: TableSource::Library, mrope: true } [GptJ, Vec16<Bf16>, Vec16<Bf16>, Computed, StreamRows, { kv_heads_per_thread(true, true, 2) as usize }, false];
     }
     ClaimKey(KvParams) => claim {
         kv_claim {} [];

@@ -431,6 +431,24 @@ impl<T: Elem> Io for Two<T> {
     }
 }
 
+/// Loads 16 read-only bytes as four words (a frequency's [`crate::math::Turns`] and pad).
+///
+/// # Safety
+/// `p` is a global address of 16 bytes, 16-byte aligned, not written during the kernel.
+#[inline(always)]
+pub unsafe fn load_words_nc(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "ld.global.nc.v4.b32 {{{}, {}, {}, {}}}, [{}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+            options(readonly, nostack, preserves_flags),
+        )
+    };
+    [a, b, c, d]
+}
+
 /// Loads `n` (1, 2, 4 or 8) consecutive f32 of a read-only table at `p`, through the
 /// non-coherent (read-only) cache, with accesses as wide as `n` allows.
 ///

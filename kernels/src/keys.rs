@@ -58,7 +58,7 @@ pub enum KvWidth {
 /// Whose cos/sin tables a KV kernel reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TableSource {
-    /// The library's f32 tables with residuals.
+    /// No table: cos and sin computed in the kernel from the library's frequencies.
     Library,
     /// The caller's tables in the element type, taken as exact (the reference operation).
     Caller,

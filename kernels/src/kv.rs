@@ -5,7 +5,7 @@
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{groups, work_item, KvParams};
-use crate::rotate::{Entries, PairRows, Rows, Style, Table, TableElem};
+use crate::rotate::{Entries, PairRows, Rows, Source, Style, Table};
 use crate::views::{Duplicates, HeadsView, SlotOf};
 
 /// The launch's table; KV appends always rotate forward.
@@ -218,7 +218,7 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
 /// `R` and `C`, that the geometry was made with this `G`, that there is work, and, for the
 /// scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: TableElem, P: PairRows, const G: usize, const SCAN: bool>(
+pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, const G: usize, const SCAN: bool>(
     p: &KvParams,
 ) {
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));

@@ -64,10 +64,11 @@ pub fn rotate_pair_fast(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
 /// to land within one ulp of the correctly rounded result.
 #[derive(Clone, Copy, Debug)]
 pub struct Narrow {
-    /// `2^(24 - p)`, `p` the format's significand bits: the fast result `y` is safe when
-    /// `|y| * scale >= |x0| + |x1|`. The fast error is at most `2^-23.4 (|x0| + |x1|) +
-    /// 2^-23 |y|` and half an ulp of `y` at least `2^-(p + 1) |y|`, so `2^(22.4 - p)` would
-    /// just do; `2^(24 - p)` leaves a factor of 3.
+    /// `2^(23 - p)`, `p` the format's significand bits: the fast result `y` is safe when
+    /// `|y| * scale >= |x0| + |x1|`. With cos and sin computed in the kernel (each within
+    /// `1.5 2^-24` of the exact value, `tests/angles.rs`) the fast error is at most about
+    /// `2^-22.9 (|x0| + |x1|) + 2^-24 |y|`, which stays below one ulp of `y`, `2^(1 - p) |y|`,
+    /// for `|x0| + |x1| <= 2^(23.9 - p) |y|`; `2^(23 - p)` leaves a factor of about 2.
     pub scale: f32,
     /// Results below this (the format's smallest normal) are always recomputed.
     pub min_normal: f32,
@@ -75,9 +76,9 @@ pub struct Narrow {
 
 impl Narrow {
     /// bfloat16: 8 significand bits.
-    pub const BF16: Narrow = Narrow { scale: 65_536.0, min_normal: 0.0 };
+    pub const BF16: Narrow = Narrow { scale: 32_768.0, min_normal: 0.0 };
     /// binary16: 11 significand bits.
-    pub const F16: Narrow = Narrow { scale: 8_192.0, min_normal: 6.103_515_6e-5 };
+    pub const F16: Narrow = Narrow { scale: 4_096.0, min_normal: 6.103_515_6e-5 };
 
     /// Whether the fast output `y` of inputs `x0`, `x1` must be recomputed with [`rotate_pair`].
     #[inline(always)]

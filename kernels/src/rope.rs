@@ -3,7 +3,7 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::params::{groups, work_item, RopeParams};
-use crate::rotate::{F32Table, PairRows, Rows, Style, Table};
+use crate::rotate::{Computed, PairRows, Rows, Style, Table};
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
 /// `C` the copying ones, `P` says which table row each pair reads (one position, or MRoPE's
@@ -71,7 +71,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, F32Table, P>(rows, first, lane as usize, at, table)
+            S::rotate::<R, Computed, P>(rows, first, lane as usize, at, table)
         };
     } else {
         // Dims past rotary_dim, out of place: copy the bits.

@@ -3,8 +3,8 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
-use crate::gpu::{load_elem_nc, load_table, Bits, Elem, Io, Lane};
-use crate::math::{rotate_pair, rotate_pair_fast};
+use crate::gpu::{load_elem_nc, load_table, load_words_nc, Bits, Elem, Io, Lane};
+use crate::math::{rotate_pair, rotate_pair_fast, sincos_turns, sincos_turns_f64, split, turns_at};
 use crate::views::{PositionsView, TableView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
@@ -25,8 +25,13 @@ pub(crate) trait PairRows: Copy + Default {
     /// `positions` holds token `t`'s entries, and its [`PositionsView::load`] of `t` passed
     /// [`PositionsView::check`] (for streams: all three are in range).
     unsafe fn of(positions: &PositionsView, t: u32, pos: u32) -> Self;
-    /// The entry index of pair `i`.
-    fn entry(self, table: &TableView, i: usize) -> usize;
+    /// The position pair `i` turns by.
+    fn pos(self, table: &TableView, i: usize) -> u32;
+    /// The table entry index of pair `i`.
+    #[inline(always)]
+    fn entry(self, table: &TableView, i: usize) -> usize {
+        table.entry(self.pos(table, i) as usize, i)
+    }
     /// Whether pairs `i..i + n` all read one row.
     fn one_row(self, table: &TableView, i: usize, n: usize) -> bool;
 }
@@ -51,8 +56,8 @@ impl PairRows for OneRow {
         OneRow(pos)
     }
     #[inline(always)]
-    fn entry(self, table: &TableView, i: usize) -> usize {
-        table.entry(self.0 as usize, i)
+    fn pos(self, _: &TableView, _: usize) -> u32 {
+        self.0
     }
     #[inline(always)]
     fn one_row(self, _: &TableView, _: usize, _: usize) -> bool {
@@ -73,15 +78,14 @@ impl PairRows for StreamRows {
         StreamRows(unsafe { positions.streams_of(t) }.map(|p| p as u32))
     }
     #[inline(always)]
-    fn entry(self, table: &TableView, i: usize) -> usize {
+    fn pos(self, table: &TableView, i: usize) -> u32 {
         // A select, not an index: a dynamic index would put the array in local memory.
         let [p0, p1, p2] = self.0;
-        let pos = match table.stream(i as u32) {
+        match table.stream(i as u32) {
             0 => p0,
             1 => p1,
             _ => p2,
-        };
-        table.entry(pos as usize, i)
+        }
     }
     #[inline(always)]
     fn one_row(self, table: &TableView, i: usize, n: usize) -> bool {
@@ -99,54 +103,135 @@ pub(crate) struct Table<'a> {
     pub sin_sign: f32,
 }
 
-/// How table entries are stored.
-pub(crate) trait TableElem {
-    /// Loads `n` entries at entry index `at` of the table at `base`.
+/// Where a lane's cos and sin come from: computed from the position and each pair's
+/// frequency ([`Computed`], the library's), or read from a caller's tables ([`F32Table`],
+/// [`ElemTable`], the reference update's).
+pub(crate) trait Source {
+    /// The cos and sin (the attention factor in, the direction's sign not) of pairs
+    /// `i..i + n` of a token whose rows are `rows`: the fast values.
     ///
     /// # Safety
-    /// The table at `base` holds entries `at..at + n`, aligned for the access, and is not
-    /// written during the kernel.
-    unsafe fn load(base: u64, at: usize, n: usize) -> Lane;
-    /// Whether residual tables exist (else the residuals are zero: the entries are exact).
-    const RESIDUALS: bool;
+    /// The view's arrays hold pairs `i..i + n` (tables: of the rows' positions), aligned for
+    /// the access, and are not written during the kernel.
+    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane);
+    /// `((cos, cos_lo), (sin, sin_lo))` of pair `i`, each the f32 pair of a value accurate
+    /// to about `2^-50` (tables: their entries, taken as exact, given as `c`, `s`).
+    ///
+    /// # Safety
+    /// As [`Source::load`], for pair `i`.
+    unsafe fn exact<P: PairRows>(view: &TableView, rows: P, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
 }
 
-/// The library's tables: f32, the nearest to the f64 values, with f32 residual tables.
+/// The library's source: cos and sin of `position x inv_freq` computed in the kernel from each
+/// pair's frequency in exact turns ([`crate::math::turns_at`]): f32 polynomials for the fast
+/// values, f64 ones for the exact path, the attention factor multiplied in.
+pub(crate) struct Computed;
+/// A caller's f32 tables (taken as exact; no residuals).
 pub(crate) struct F32Table;
 /// A caller's tables in the element type `T` (taken as exact).
 pub(crate) struct ElemTable<T>(core::marker::PhantomData<T>);
 
-impl TableElem for F32Table {
-    const RESIDUALS: bool = true;
-    #[inline(always)]
-    unsafe fn load(base: u64, at: usize, n: usize) -> Lane {
-        // SAFETY: the trait method's contract.
-        unsafe { load_table((base as *const f32).wrapping_add(at), n) }
-    }
-}
-
-impl<T: Elem> TableElem for ElemTable<T> {
-    const RESIDUALS: bool = false;
-    #[inline(always)]
-    unsafe fn load(base: u64, at: usize, n: usize) -> Lane {
-        let mut v = [0.0f32; 8];
+/// Loads a table's entries of `n` pairs from pair `i`: one row where the pairs share it.
+///
+/// # Safety
+/// As [`Source::load`].
+#[inline(always)]
+unsafe fn table_entries<P: PairRows>(
+    view: &TableView,
+    rows: P,
+    i: usize,
+    n: usize,
+    load: impl Fn(u64, usize, usize) -> Lane,
+) -> (Lane, Lane) {
+    let [cos, sin, ..] = view.addresses();
+    // MRoPE lanes whose pairs all read one row (text tokens; or, with contiguous bands,
+    // lanes inside one band: Qwen2-VL's sections are multiples of the lane width) load as
+    // one row too.
+    if P::ONE_ROW || rows.one_row(view, i, n) {
+        let at = rows.entry(view, i);
+        (load(cos, at, n), load(sin, at, n))
+    } else {
+        let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
         unrolled(n, |j| {
-            let p = (base as *const u8).wrapping_add((at + j) * T::SIZE);
-            // SAFETY: the trait method's contract: entry `at + j` exists.
-            v[j] = T::widen(unsafe { load_elem_nc::<T>(p) })
+            let at = rows.entry(view, i + j);
+            (c[j], s[j]) = (load(cos, at, 1)[0], load(sin, at, 1)[0]);
         });
-        v
+        (c, s)
     }
 }
 
-/// The table entries of one lane: `n` pairs' cos and sin, the sine's sign set for the
-/// direction.
+impl Source for F32Table {
+    #[inline(always)]
+    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        // SAFETY: the trait method's contract: the tables hold the entries read.
+        let load = |base: u64, at: usize, n: usize| unsafe { load_table((base as *const f32).wrapping_add(at), n) };
+        // SAFETY: as above.
+        unsafe { table_entries(view, rows, i, n, load) }
+    }
+    #[inline(always)]
+    unsafe fn exact<P: PairRows>(_: &TableView, _: P, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+        ((c, 0.0), (s, 0.0))
+    }
+}
+
+impl<T: Elem> Source for ElemTable<T> {
+    #[inline(always)]
+    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        let load = |base: u64, at: usize, n: usize| {
+            let mut v = [0.0f32; 8];
+            unrolled(n, |j| {
+                let p = (base as *const u8).wrapping_add((at + j) * T::SIZE);
+                // SAFETY: the trait method's contract: entry `at + j` exists.
+                v[j] = T::widen(unsafe { load_elem_nc::<T>(p) })
+            });
+            v
+        };
+        // SAFETY: as above.
+        unsafe { table_entries(view, rows, i, n, load) }
+    }
+    #[inline(always)]
+    unsafe fn exact<P: PairRows>(_: &TableView, _: P, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+        ((c, 0.0), (s, 0.0))
+    }
+}
+
+/// Pair `i`'s angle, in turns, for the token's rows.
+///
+/// # Safety
+/// The view's frequency array holds pair `i`.
+#[inline(always)]
+unsafe fn turns_of_pair<P: PairRows>(view: &TableView, rows: P, i: usize) -> u64 {
+    // SAFETY: the caller's contract: 16 bytes per pair, 16-byte aligned.
+    let [r0, r1, r2, _] = unsafe { load_words_nc((view.freqs() as *const u32).wrapping_add(4 * i)) };
+    turns_at(rows.pos(view, i), [r0, r1, r2])
+}
+
+impl Source for Computed {
+    #[inline(always)]
+    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
+        let a = view.attention();
+        unrolled(n, |j| {
+            // SAFETY: the trait method's contract.
+            let (sj, cj) = sincos_turns(unsafe { turns_of_pair(view, rows, i + j) });
+            (c[j], s[j]) = (cj * a, sj * a);
+        });
+        (c, s)
+    }
+    #[inline(always)]
+    unsafe fn exact<P: PairRows>(view: &TableView, rows: P, i: usize, _: f32, _: f32) -> ((f32, f32), (f32, f32)) {
+        // SAFETY: the trait method's contract.
+        let (s, c) = sincos_turns_f64(unsafe { turns_of_pair(view, rows, i) });
+        let a = view.attention_f64();
+        (split(c * a), split(s * a))
+    }
+}
+
+/// The cos and sin of one lane: `n` pairs', the sine's sign set for the direction.
 pub(crate) struct Entries<P> {
     c: Lane,
     s: Lane,
-    /// For the residuals: where the lane's entries start (one row), or the token's rows and
-    /// the lane's first pair (MRoPE).
-    at: usize,
+    /// For the exact path: the token's rows and the lane's first pair.
     rows: P,
     i: usize,
 }
@@ -155,58 +240,33 @@ impl<P: PairRows> Entries<P> {
     /// No entries (for lanes that do not rotate).
     #[inline(always)]
     pub(crate) fn none() -> Entries<P> {
-        Entries { c: [0.0; 8], s: [0.0; 8], at: 0, rows: P::default(), i: 0 }
+        Entries { c: [0.0; 8], s: [0.0; 8], rows: P::default(), i: 0 }
     }
 
-    /// Loads `n` entries from pair `i` of the token's table rows `rows`.
+    /// The cos and sin of `n` pairs from pair `i`, for a token whose rows are `rows`.
     ///
     /// # Safety
-    /// The table holds the rows, and `i + n` is at most its pairs per row.
+    /// As [`Source::load`].
     #[inline(always)]
-    unsafe fn load<B: TableElem>(p: Table<'_>, rows: P, i: usize, n: usize) -> Entries<P> {
-        let [cos, sin, ..] = p.view.addresses();
-        let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
-        let at = rows.entry(p.view, i);
-        // MRoPE lanes whose pairs all read one row (text tokens; or, with contiguous bands,
-        // lanes inside one band: Qwen2-VL's sections are multiples of the lane width) load
-        // as one row too.
-        let one_row = P::ONE_ROW || rows.one_row(p.view, i, n);
-        if one_row {
-            // SAFETY: the caller's contract: the row holds entries `i..i + n`.
-            (c, s) = unsafe { (B::load(cos, at, n), B::load(sin, at, n)) };
-        } else {
-            unrolled(n, |j| {
-                let at = rows.entry(p.view, i + j);
-                // SAFETY: as above, pair by pair.
-                (c[j], s[j]) = unsafe { (B::load(cos, at, 1)[0], B::load(sin, at, 1)[0]) };
-            });
-        }
+    unsafe fn load<B: Source>(p: Table<'_>, rows: P, i: usize, n: usize) -> Entries<P> {
+        // SAFETY: the caller's contract.
+        let (c, mut s) = unsafe { B::load(p.view, rows, i, n) };
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
-        Entries { c, s, at, rows, i }
+        Entries { c, s, rows, i }
     }
 
-    /// The residuals `(cos_lo, sin_lo)` of entry `j`, one at a time (few registers: this
-    /// is the rare path).
+    /// The exact `((cos, cos_lo), (sin, sin_lo))` of entry `j`, one at a time (few
+    /// registers: this is the rare path).
     ///
     /// # Safety
     /// `self` was loaded by [`Entries::load`] from `p`, and `j` is below its `n`.
     #[inline(always)]
-    unsafe fn residual<B: TableElem>(&self, p: Table<'_>, j: usize) -> (f32, f32) {
-        if !B::RESIDUALS {
-            return (0.0, 0.0);
-        }
-        let [_, _, cos_lo, sin_lo] = p.view.addresses();
-        let at = if P::ONE_ROW { self.at + j } else { self.rows.entry(p.view, self.i + j) };
-        // SAFETY: the caller's contract: the residual tables hold the entries `load` read.
-        let (c, s) = unsafe {
-            (
-                load_table((cos_lo as *const f32).wrapping_add(at), 1)[0],
-                load_table((sin_lo as *const f32).wrapping_add(at), 1)[0],
-            )
-        };
-        (c, s * p.sin_sign)
+    unsafe fn exact<B: Source>(&self, p: Table<'_>, j: usize) -> ((f32, f32), (f32, f32)) {
+        // SAFETY: the caller's contract.
+        let (c, s) = unsafe { B::exact(p.view, self.rows, self.i + j, self.c[j], self.s[j] * p.sin_sign) };
+        (c, (s.0 * p.sin_sign, s.1 * p.sin_sign))
     }
 }
 
@@ -253,7 +313,7 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
 /// unwritten and readable).
 #[inline(always)]
-unsafe fn rotate_lane<R: Io, B: TableElem, P: PairRows>(
+unsafe fn rotate_lane<R: Io, B: Source, P: PairRows>(
     t: &Entries<P>,
     p: Table<'_>,
     n: usize,
@@ -285,8 +345,8 @@ unsafe fn rotate_lane<R: Io, B: TableElem, P: PairRows>(
             let ((l0, i0), (l1, i1)) = pair(j);
             let (a, b) = (R::get(&orig[l0], i0), R::get(&orig[l1], i1));
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
-            let (c_lo, s_lo) = unsafe { t.residual::<B>(p, j) };
-            let (y0, y1) = rotate_pair(a, b, (t.c[j], c_lo), (t.s[j], s_lo));
+            let (c, s) = unsafe { t.exact::<B>(p, j) };
+            let (y0, y1) = rotate_pair(a, b, c, s);
             R::put(&mut out[l0], &mut pending[l0], i0, y0);
             R::put(&mut out[l1], &mut pending[l1], i1, y1);
         });
@@ -351,14 +411,14 @@ pub(crate) trait Style {
     ///
     /// # Safety
     /// The trait's contract.
-    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P>;
+    unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P>;
     /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data.
     /// The next head's loads are issued before the current head's stores, so two heads' loads
     /// are in flight.
     ///
     /// # Safety
     /// The trait's contract; `t` came from [`Style::entries`] for this lane and `p`.
-    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+    unsafe fn apply<R: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
@@ -370,7 +430,7 @@ pub(crate) trait Style {
     /// # Safety
     /// The trait's contract.
     #[inline(always)]
-    unsafe fn rotate<R: Io, B: TableElem, P: PairRows>(rows: Rows, first: [Bits; 2], lane: usize, at: P, p: Table<'_>) {
+    unsafe fn rotate<R: Io, B: Source, P: PairRows>(rows: Rows, first: [Bits; 2], lane: usize, at: P, p: Table<'_>) {
         // SAFETY: the caller's contract.
         unsafe {
             let t = Self::entries::<R, B, P>(lane, at, p);
@@ -393,13 +453,13 @@ impl Style for NeoX {
     }
 
     #[inline(always)]
-    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
+    unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
         // SAFETY: the trait's contract: the lane's `E` pairs are in the rows.
         unsafe { Entries::load::<B>(p, rows, lane * R::E, R::E) }
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+    unsafe fn apply<R: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
@@ -437,13 +497,13 @@ impl Style for GptJ {
     }
 
     #[inline(always)]
-    unsafe fn entries<R: Io, B: TableElem, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
+    unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
         // SAFETY: the trait's contract: the lane's `E / 2` pairs are in the rows.
         unsafe { Entries::load::<B>(p, rows, lane * R::E / 2, R::E / 2) }
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: TableElem, P: PairRows>(
+    unsafe fn apply<R: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,

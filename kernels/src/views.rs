@@ -93,6 +93,33 @@ impl TableView {
         TableView { cos, sin, cos_lo, sin_lo, half, bands: [u32::MAX, u32::MAX, 0] }
     }
 
+    /// The library's source: no table, but `half` frequencies at `freqs`, each 16 bytes
+    /// (its [`crate::math::Turns`] and a pad word), and the attention factor both cos and sin
+    /// are multiplied by. Positions are then limited by the launch's [`PositionsView`] only.
+    pub fn computed(freqs: u64, half: u32, attention: f64) -> Self {
+        // The words: the frequencies' address, the factor in f64 and in f32.
+        let words = [freqs, attention.to_bits(), (attention as f32).to_bits() as u64, 0];
+        TableView::new(words, half)
+    }
+
+    /// The frequencies' address ([`TableView::computed`]).
+    #[inline(always)]
+    pub fn freqs(&self) -> u64 {
+        self.cos
+    }
+
+    /// The attention factor, f64 ([`TableView::computed`]).
+    #[inline(always)]
+    pub fn attention_f64(&self) -> f64 {
+        f64::from_bits(self.sin)
+    }
+
+    /// The attention factor, f32 ([`TableView::computed`]).
+    #[inline(always)]
+    pub fn attention(&self) -> f32 {
+        f32::from_bits(self.cos_lo as u32)
+    }
+
     /// The same table, its pairs split among three position streams as `bands` says (read
     /// only by the MRoPE kernels).
     pub const fn with_mrope(mut self, bands: MropeBands) -> Self {
