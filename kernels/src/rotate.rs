@@ -221,10 +221,15 @@ impl Source for Computed {
     #[inline(always)]
     unsafe fn exact<P: PairRows>(view: &TableView, rows: P, i: usize, _: f32, _: f32) -> ((f32, f32), (f32, f32)) {
         // SAFETY: the trait method's contract.
-        let (s, c) = sincos_turns_f64(unsafe { turns_of_pair(view, rows, i) });
-        let a = view.attention_f64();
-        (split(c * a), split(s * a))
+        exact_of(unsafe { turns_of_pair(view, rows, i) }, view.attention_f64())
     }
+}
+
+/// The exact path's values, out of line: its f64 registers stay out of the fast path.
+#[inline(never)]
+fn exact_of(t: u64, a: f64) -> ((f32, f32), (f32, f32)) {
+    let (s, c) = sincos_turns_f64(t);
+    (split(c * a), split(s * a))
 }
 
 /// The cos and sin of one lane: `n` pairs', the sine's sign set for the direction.
