@@ -234,7 +234,7 @@ impl KvPlan {
             // SAFETY: `plan_kv` checked the positions' and slots' lengths.
             unsafe { owners.claim(&core.kernels, &mut p, stream) }?;
         }
-        let shared = if self.claim { 0 } else { p.shared_bytes(self.geometry.block.0) };
+        let shared = p.shared_bytes(self.geometry.block.0, !self.claim, self.key.tables == TableSource::Library);
         // SAFETY: `plan_kv` checked every view and both caches against their buffers,
         // overlaps, alignment for the width, and the positions' and slots' lengths; the
         // tables, records and owner array belong to the caller; scanning kernels get their

@@ -166,7 +166,7 @@ pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize)
 
 /// A table view without addresses, for planning a launch without a GPU (`validate`, tests).
 pub(crate) fn detached_table(rotary_dim: usize) -> TableView {
-    TableView::computed(0, (rotary_dim / 2) as u32, 1.0)
+    TableView::computed(0, 0, (rotary_dim / 2) as u32, 1.0)
 }
 
 /// The kernels' view of `input` (and `output`, where the kernel writes through the view).

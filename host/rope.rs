@@ -237,7 +237,7 @@ impl Rope {
         // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
         // alignment for the chosen width, and the positions buffer's length; the table and
         // the error records belong to this Rope; the caller vouches for the addresses.
-        unsafe { self.core.launch(plan.key, plan.geometry, 0, &plan.params, stream, checked) }
+        unsafe { self.core.launch(plan.key, plan.geometry, plan.shared, &plan.params, stream, checked) }
     }
 
     /// Synchronises `stream`, then reports (and clears) the out-of-range positions (and, from
@@ -309,6 +309,8 @@ pub(crate) struct Plan {
     pub key: RopeKey,
     pub params: RopeParams,
     pub geometry: Geometry,
+    /// Dynamic shared memory: the block's cos and sin ([`RopeParams::shared_bytes`]).
+    pub shared: u32,
 }
 
 /// One of q and k: input, output (the input again in place) and names for errors.
@@ -424,7 +426,10 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     };
     let g = if width == RopeWidth::Single { 1 } else { g };
     let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some() };
-    Ok(geometry(&params, g)?.map(|(geometry, chunk)| Plan { key, params: RopeParams { chunk, ..params }, geometry }))
+    Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
+        let params = RopeParams { chunk, ..params };
+        Plan { key, params, shared: params.shared_bytes(geometry.block.0, g), geometry }
+    }))
 }
 
 /// The launch geometry of [`RopeParams`]'s thread mapping for a kernel taking `g` heads per
@@ -444,7 +449,7 @@ mod tests {
     use crate::config::DType;
     use crate::layout::Layout;
     use crate::tensor::{PositionKind, RawPositions};
-    use rope_cuda_kernels::params::work_item;
+    use rope_cuda_kernels::params::{block_tokens, block_tokens_max, work_item};
     use rope_cuda_kernels::views::ErrorRecord;
 
     /// [`super::plan`] without a table or records, as [`validate`] plans.
@@ -791,12 +796,20 @@ mod tests {
             let mut seen = vec![0u32; (work * tokens) as usize];
             for gx in 0..g.grid.0 {
                 for gy in 0..g.grid.1 {
+                    // The block's tokens (its shared cos/sin rows) hold every token its threads
+                    // take, and no more than the shared memory is sized for.
+                    let (first, count) = block_tokens((gx, gy), g.block.0, work, chunk, tokens);
+                    assert!(count <= block_tokens_max(work, g.block.0), "{count} tokens in a block");
+                    let mut taken = 0;
                     for tx in 0..g.block.0 {
                         if let Some((t, w)) = work_item((gx, gy), g.block.0, tx, work, chunk, tokens) {
                             assert!(t < tokens && w < work);
+                            assert!(t >= first && t < first + count, "token {t} outside {first} + {count}");
                             seen[(t * work + w) as usize] += 1;
+                            taken += 1;
                         }
                     }
+                    assert_eq!(count == 0, taken == 0);
                 }
             }
             assert!(seen.iter().all(|&c| c == 1), "{qh}/{kh} heads, {lanes} lanes, {tokens} tokens");

@@ -1,7 +1,7 @@
 //! The frequencies the kernels compute cos and sin from ([`RopeTable`]), and cos/sin tables on
 //! the host ([`HostTable`]: angles formed in f64, stored in f32) for callers who want one.
 
-use rope_cuda_kernels::math::{inv_freq, split_f64, turns_of};
+use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, ANGLE_STEPS};
 use rope_cuda_kernels::views::TableView;
 
 use crate::alloc::DeviceAlloc;
@@ -109,9 +109,9 @@ pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [
 
 /// What the kernels compute cos and sin from: each pair's frequency as exact turns per
 /// position ([`rope_cuda_kernels::math::Turns`], from the f64 `inv_freq` after scaling and a
-/// 256-bit `1 / 2π`), 16 bytes a pair, and the attention factor. No table: its size is
-/// `rotary_dim / 2 * 16` bytes whatever `max_position` is, which only limits the positions a
-/// launch accepts.
+/// 256-bit `1 / 2π`), 16 bytes a pair, the angle table of 256 steps of an octant (4 KiB), and
+/// the attention factor. No cos/sin table: its size is `rotary_dim / 2 * 16 + 4096` bytes
+/// whatever `max_position` is, which only limits the positions a launch accepts.
 #[derive(Debug)]
 pub struct RopeTable {
     rotary_dim: usize,
@@ -124,7 +124,9 @@ pub struct RopeTable {
 impl RopeTable {
     /// The kernels' view of the frequencies.
     pub(crate) fn view(&self) -> TableView {
-        TableView::computed(self.freqs.address(), (self.rotary_dim / 2) as u32, self.attention)
+        let half = self.rotary_dim / 2;
+        let angles = self.freqs.address() + 16 * half as u64;
+        TableView::computed(self.freqs.address(), angles, half as u32, self.attention)
     }
 
     /// Plain RoPE's frequencies (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device,
@@ -136,7 +138,7 @@ impl RopeTable {
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// let table = rope_cuda::RopeTable::new(128, 500_000.0, 8192)?;
     /// assert_eq!((table.rotary_dim(), table.max_position(), table.attention_factor()), (128, 8192, 1.0));
-    /// assert_eq!(table.device_bytes(), 64 * 16);
+    /// assert_eq!(table.device_bytes(), 64 * 16 + 4096);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
@@ -165,7 +167,8 @@ impl RopeTable {
     }
 
     fn upload(freqs: &[f64], rotary_dim: usize, base: f64, attention: f64, max_position: usize) -> Result<Self> {
-        let words = turn_words(freqs)?;
+        let mut words = turn_words(freqs)?;
+        words.extend(angle_table().iter().flatten().map(|v| v.to_bits()));
         Ok(RopeTable { rotary_dim, base, attention, max_position, freqs: DeviceAlloc::from_slice(&words)? })
     }
 
@@ -189,9 +192,10 @@ impl RopeTable {
         self.max_position
     }
 
-    /// Device memory held: 16 bytes per pair.
+    /// Device memory held: 16 bytes per pair, and the 4 KiB angle table
+    /// ([`rope_cuda_kernels::math::angle_table`]).
     pub fn device_bytes(&self) -> usize {
-        self.rotary_dim / 2 * 16
+        self.rotary_dim / 2 * 16 + ANGLE_STEPS * 16
     }
 }
 

@@ -5,13 +5,14 @@
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{groups, work_item, KvParams};
-use crate::rotate::{Entries, PairRows, Rows, Source, Style, Table};
+use crate::rotate::{BlockRows, Entries, PairRows, Rows, Source, Style, Table};
 use crate::views::{Duplicates, HeadsView, SlotOf};
 
-/// The launch's table; KV appends always rotate forward.
+/// The launch's table for a token whose block row (library's source) is `row`; KV appends
+/// always rotate forward.
 #[inline(always)]
-fn table(p: &KvParams) -> Table<'_> {
-    Table { view: &p.table, sin_sign: 1.0 }
+fn table(p: &KvParams, row: *const f32) -> Table<'_> {
+    Table { view: &p.table, sin_sign: 1.0, row }
 }
 
 /// Token `t`'s position from its raw position: `None` when out of range (recorded when
@@ -76,12 +77,7 @@ struct Shared {
 /// The block's first token and number of tokens (0 for a block without work).
 #[inline(always)]
 fn block_tokens(p: &KvParams) -> (u32, u32) {
-    let ((bx, by), bd) = (block_idx(), block_dim().0);
-    let row = by * p.chunk;
-    let (lo, hi) = (p.items_div.div(bx * bd), p.items_div.div(bx * bd + bd - 1));
-    let first = row + lo;
-    let last = (row + hi.min(p.chunk - 1)).min(p.tokens.saturating_sub(1));
-    (first, if first > last { 0 } else { last - first + 1 })
+    crate::params::block_tokens(block_idx(), block_dim().0, p.items_div, p.chunk, p.tokens)
 }
 
 /// A token's (raw slot, raw position), if the token exists.
@@ -286,18 +282,37 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
     let mut entries = Entries::<P>::none();
+    // The library's source: the block's cos and sin in shared memory, after the scan's
+    // arrays when it scans (see `KvParams::shared_bytes`).
+    let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
+    let rows_at = if shared { p.scan_bytes(block_dim().0).next_multiple_of(16) as usize } else { 0 };
+    let fill = || {
+        // SAFETY: the host gives the library's kernels `KvParams::shared_bytes` of shared
+        // memory, the positions buffer holds every token's entry, and the frequencies `half`
+        // pairs; every thread of the block calls this.
+        unsafe {
+            BlockRows::fill::<P>(base.wrapping_add(rows_at) as *mut f32, block_tokens(p), &p.table, &p.positions, |t| {
+                p.seq_div.divmod(t)
+            })
+        }
+    };
+    let mut block_rows = None;
     let target = if shared {
-        // The scan's loads first; then the rotating items load their position and table
-        // entries, which overlap the scan's barriers.
+        // The scan's loads first; then the block's cos and sin (or, from the caller's tables,
+        // the rotating items' entries), which overlap the scan's barriers.
         // SAFETY: the host checked the positions' and slot mapping's lengths.
         let loaded = unsafe { scan_loads::<P>(p) };
-        if item.is_some() && rotating {
+        if B::BLOCK_ROWS {
+            block_rows = Some(fill());
+        } else if item.is_some() && rotating {
             // SAFETY: `t` is a token of the launch.
             let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
             if let Some(pos) = p.positions.check(own) {
                 // SAFETY: the positions view admits only rows of the table; `pos` passed its
                 // check.
-                entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p)) };
+                entries = unsafe {
+                    S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, core::ptr::null()))
+                };
             }
         }
         // SAFETY: every thread of the block reaches the scan (none has returned), with the
@@ -309,6 +324,11 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         // SAFETY: `t` is one of the block's tokens.
         unsafe { shared_target(p, &scan, t, !is_q, report) }
     } else {
+        if B::BLOCK_ROWS {
+            block_rows = Some(fill());
+            // SAFETY: every thread of the block is here (none has returned).
+            unsafe { sync_threads() };
+        }
         if item.is_none() {
             return;
         }
@@ -325,16 +345,18 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let Some((pos, n)) = target else { return };
     // SAFETY: as computed above.
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
-    if rotating && !shared {
-        // Without the scan the table loads overlap the owner check.
-        // SAFETY: the positions view admits only rows of the table; `pos` passed its check.
-        entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p)) };
+    let row = block_rows.map_or(core::ptr::null(), |r| r.row(t));
+    if rotating && (B::BLOCK_ROWS || !shared) {
+        // Without the scan the caller's table loads overlap the owner check.
+        // SAFETY: the positions view admits only rows of the table; `pos` passed its check;
+        // the block's rows were filled before a barrier.
+        entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
     }
     if is_q {
         // q, in place.
         let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
         // SAFETY: q's rows are in its buffer, written by this item alone.
-        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p)) };
+        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p, row)) };
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
@@ -346,7 +368,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * R::SIZE, count };
     if rotating {
         // SAFETY: slot `n` is in the cache; this token alone writes it.
-        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p)) };
+        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p, row)) };
     } else {
         // k past rotary_dim, and v: copy the bits.
         // SAFETY: as above.

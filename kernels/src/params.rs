@@ -64,6 +64,51 @@ pub fn work_item(
     (local < chunk && token < tokens as u64).then_some((token as u32, w))
 }
 
+/// The tokens of block `(block_x, block_y)` of `block_dim` threads under [`work_item`]'s
+/// mapping: `(first, count)`, `count` 0 for a block without work. At most
+/// [`block_tokens_max`]`(work, block_dim)` tokens.
+#[inline(always)]
+pub fn block_tokens(
+    (block_x, block_y): (u32, u32),
+    block_dim: u32,
+    work: impl Divisor,
+    chunk: u32,
+    tokens: u32,
+) -> (u32, u32) {
+    let start = block_x * block_dim;
+    let lo = work.divmod(start).0;
+    let hi = work.divmod(start + block_dim - 1).0.min(chunk.saturating_sub(1));
+    let row = block_y as u64 * chunk as u64;
+    let (first, last) = (row + lo as u64, (row + hi as u64).min((tokens as u64).saturating_sub(1)));
+    match lo >= chunk || first > last || tokens == 0 {
+        true => (0, 0),
+        false => (first as u32, (last - first + 1) as u32),
+    }
+}
+
+/// The most tokens one block of `block_dim` threads touches under [`work_item`]'s mapping
+/// with `work` items per token: a block's thread indices span `block_dim - 1`, so its first
+/// and last tokens differ by at most `ceil((block_dim - 1) / work)`.
+pub const fn block_tokens_max(work: u32, block_dim: u32) -> u32 {
+    (block_dim - 1).div_ceil(work) + 1
+}
+
+/// Shared memory for the cos and sin the library's kernels compute once per token and pair
+/// for their block (the block rows of `rotate.rs`): per token, `4 * row_stride(half)` f32
+/// (cos, sin, and the residuals of each).
+pub const fn block_rows_bytes(work: u32, block_dim: u32, tokens: u32, half: u32) -> u32 {
+    let t = block_tokens_max(work, block_dim);
+    let t = if t < tokens { t } else { tokens };
+    t * 16 * row_stride(half)
+}
+
+/// The f32 per cos (and per sin) row of the block rows: `half` rounded up to 4, so that each
+/// row stays 16-byte aligned.
+#[inline(always)]
+pub const fn row_stride(half: u32) -> u32 {
+    (half + 3) & !3
+}
+
 /// Number of head groups of `heads` heads taken `g` at a time.
 #[inline(always)]
 pub fn groups(heads: u32, g: u32) -> u32 {
@@ -170,11 +215,32 @@ pub struct KvParams {
 }
 
 impl KvParams {
-    /// Dynamic shared memory a scanning kernel needs with blocks of `block_threads`: each
+    /// Shared memory the scan of a scanning kernel needs with blocks of `block_threads`: each
     /// token's position and slot (8 bytes each), and a flag for each token of the block (at
     /// most `block_threads`).
-    pub fn shared_bytes(&self, block_threads: u32) -> u32 {
+    pub fn scan_bytes(&self, block_threads: u32) -> u32 {
         16 * self.tokens + 4 * block_threads
+    }
+
+    /// The dynamic shared memory of a launch with blocks of `block_threads`: the scan's
+    /// arrays when it scans (`scan`), then, with the library's source (`rows`), the block's
+    /// cos and sin ([`block_rows_bytes`]) from the next 16-byte boundary.
+    pub fn shared_bytes(&self, block_threads: u32, scan: bool, rows: bool) -> u32 {
+        let at = if scan { self.scan_bytes(block_threads).next_multiple_of(16) } else { 0 };
+        let rows = match rows {
+            true => block_rows_bytes(self.items_div.divisor, block_threads, self.tokens, self.table.half()),
+            false => 0,
+        };
+        at + rows
+    }
+}
+
+impl RopeParams {
+    /// The dynamic shared memory of a launch with blocks of `block_threads` taking `g` heads
+    /// per thread: the block's cos and sin ([`block_rows_bytes`]).
+    pub fn shared_bytes(&self, block_threads: u32, g: u32) -> u32 {
+        let work = (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes);
+        block_rows_bytes(work, block_threads, self.tokens, self.table.half())
     }
 }
 

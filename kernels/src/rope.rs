@@ -2,8 +2,12 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::params::{groups, work_item, RopeParams};
-use crate::rotate::{Computed, PairRows, Rows, Style, Table};
+use crate::mem::sync_threads;
+use crate::params::{block_tokens, groups, work_item, RopeParams};
+use crate::rotate::{BlockRows, Computed, PairRows, Rows, Style, Table};
+
+/// Whether the first head's loads go before the block's cos and sin (a tuning experiment).
+const LOADS_FIRST: bool = option_env!("ROPE_CUDA_LOADS_AFTER_FILL").is_none();
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
 /// `C` the copying ones, `P` says which table row each pair reads (one position, or MRoPE's
@@ -27,9 +31,9 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         core::hint::assert_unchecked(items != 0);
         core::hint::assert_unchecked(p.seq != 0);
     }
-    let Some((token, work)) = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens) else {
-        return;
-    };
+    let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
+    // Threads past the end still take part in the block's rows and their barrier.
+    let (token, work) = item.unwrap_or((0, 0));
     let (b, s) = (token / p.seq, token % p.seq);
     let (group, lane) = (work / lanes, work % lanes);
     let (view, h0, heads) =
@@ -50,11 +54,36 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
     let rotating = lane < p.rot_lanes;
     // SAFETY: the host checked the rows against their buffers: a rotating lane's elements
     // lie in the row.
-    let first = if rotating { unsafe { S::load::<R>(&rows, 0, lane as usize, half as usize) } } else { [[0; 4]; 2] };
+    let load_first = || {
+        if item.is_some() && rotating {
+            // SAFETY: as above.
+            unsafe { S::load::<R>(&rows, 0, lane as usize, half as usize) }
+        } else {
+            [[0; 4]; 2]
+        }
+    };
     // A copying lane's first head likewise.
     let copy_at = if rotating { 0 } else { (2 * half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE };
     // SAFETY: a copying lane's elements lie past the rotary dims, inside the row.
-    let first_copy = if rotating { [0; 4] } else { unsafe { C::load_raw(rows.src(0, copy_at)) } };
+    let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
+    let early = LOADS_FIRST;
+    let (first, first_copy) = if early { (load_first(), load_copy()) } else { ([[0; 4]; 2], [0; 4]) };
+    // The block's cos and sin, computed once per token and pair while those loads are in
+    // flight.
+    let block = block_tokens(block_idx(), block_dim().0, items, p.chunk, p.tokens);
+    let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
+    // SAFETY: the host gives every launch `block_rows_bytes` of shared memory (16-byte
+    // aligned), the positions buffer holds every token's entry, and the frequencies `half`
+    // pairs; every thread of the block is here.
+    let block_rows = unsafe {
+        let r = BlockRows::fill::<P>(base, block, &p.table, &p.positions, |t| (t / p.seq, t % p.seq));
+        sync_threads();
+        r
+    };
+    if item.is_none() {
+        return;
+    }
+    let (first, first_copy) = if early { (first, first_copy) } else { (load_first(), load_copy()) };
     // SAFETY: the positions buffer holds every token's entry.
     let raw = unsafe { P::load(&p.positions, token, b as u32, s as u32) };
     let Some(pos) = p.positions.check(raw) else {
@@ -66,7 +95,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         return;
     };
     if rotating {
-        let table = Table { view: &p.table, sin_sign: p.sin_sign };
+        let table = Table { view: &p.table, sin_sign: p.sin_sign, row: block_rows.row(token) };
         // SAFETY: the positions view admits only rows of the table, and `pos` passed its
         // check; the rest as above.
         unsafe {

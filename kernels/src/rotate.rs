@@ -3,8 +3,9 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
-use crate::gpu::{load_elem_nc, load_table, load_words_nc, Bits, Elem, Io, Lane};
-use crate::math::{rotate_pair, rotate_pair_fast, sincos_turns, sincos_turns_f64, split, turns_at};
+use crate::gpu::{block_dim, load_elem_nc, load_shared, load_table, load_words_nc, thread_idx, Bits, Elem, Io, Lane};
+use crate::params::row_stride;
+use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at};
 use crate::views::{PositionsView, TableView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
@@ -94,32 +95,40 @@ impl PairRows for StreamRows {
     }
 }
 
-/// A launch's cos/sin table and the direction of its rotation.
+/// A launch's cos/sin source and the direction of its rotation, for one token.
 #[derive(Clone, Copy)]
 pub(crate) struct Table<'a> {
-    /// The table.
+    /// The table (the caller's), or the frequencies (the library's).
     pub view: &'a TableView,
     /// `1.0`, or `-1.0` for the inverse rotation.
     pub sin_sign: f32,
+    /// The library's source: the token's row of the block's cos and sin ([`BlockRows::row`]);
+    /// unused with the caller's tables.
+    pub row: *const f32,
 }
 
 /// Where a lane's cos and sin come from: computed from the position and each pair's
 /// frequency ([`Computed`], the library's), or read from a caller's tables ([`F32Table`],
 /// [`ElemTable`], the reference update's).
 pub(crate) trait Source {
+    /// Whether the kernel computes the block's cos and sin into shared memory first
+    /// ([`BlockRows::fill`]) and reads them from there ([`Table::row`]).
+    const BLOCK_ROWS: bool;
     /// The cos and sin (the attention factor in, the direction's sign not) of pairs
     /// `i..i + n` of a token whose rows are `rows`: the fast values.
     ///
     /// # Safety
     /// The view's arrays hold pairs `i..i + n` (tables: of the rows' positions), aligned for
-    /// the access, and are not written during the kernel.
-    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane);
-    /// `((cos, cos_lo), (sin, sin_lo))` of pair `i`, each the f32 pair of a value accurate
-    /// to about `2^-50` (tables: their entries, taken as exact, given as `c`, `s`).
+    /// the access, and are not written during the kernel; with [`Source::BLOCK_ROWS`],
+    /// `p.row` is the token's filled row, and `i` a multiple of `min(n, 4)`.
+    unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane);
+    /// `((cos, cos_lo), (sin, sin_lo))` of pair `i`, given its fast `c` and `s`: each the f32
+    /// pair of a value accurate to about `2^-46` (the library's residuals; the caller's
+    /// tables' entries are taken as exact).
     ///
     /// # Safety
     /// As [`Source::load`], for pair `i`.
-    unsafe fn exact<P: PairRows>(view: &TableView, rows: P, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
+    unsafe fn exact(p: Table<'_>, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
 }
 
 /// The library's source: cos and sin of `position x inv_freq` computed in the kernel from each
@@ -161,22 +170,26 @@ unsafe fn table_entries<P: PairRows>(
 }
 
 impl Source for F32Table {
+    const BLOCK_ROWS: bool = false;
     #[inline(always)]
-    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+    unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        let view = p.view;
         // SAFETY: the trait method's contract: the tables hold the entries read.
         let load = |base: u64, at: usize, n: usize| unsafe { load_table((base as *const f32).wrapping_add(at), n) };
         // SAFETY: as above.
         unsafe { table_entries(view, rows, i, n, load) }
     }
     #[inline(always)]
-    unsafe fn exact<P: PairRows>(_: &TableView, _: P, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+    unsafe fn exact(_: Table<'_>, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         ((c, 0.0), (s, 0.0))
     }
 }
 
 impl<T: Elem> Source for ElemTable<T> {
+    const BLOCK_ROWS: bool = false;
     #[inline(always)]
-    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+    unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        let view = p.view;
         let load = |base: u64, at: usize, n: usize| {
             let mut v = [0.0f32; 8];
             unrolled(n, |j| {
@@ -190,7 +203,7 @@ impl<T: Elem> Source for ElemTable<T> {
         unsafe { table_entries(view, rows, i, n, load) }
     }
     #[inline(always)]
-    unsafe fn exact<P: PairRows>(_: &TableView, _: P, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+    unsafe fn exact(_: Table<'_>, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         ((c, 0.0), (s, 0.0))
     }
 }
@@ -207,45 +220,141 @@ unsafe fn turns_of_pair<P: PairRows>(view: &TableView, rows: P, i: usize) -> u64
 }
 
 impl Source for Computed {
+    const BLOCK_ROWS: bool = true;
     #[inline(always)]
-    unsafe fn load<P: PairRows>(view: &TableView, rows: P, i: usize, n: usize) -> (Lane, Lane) {
-        let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
-        let a = view.attention();
-        unrolled(n, |j| {
-            // SAFETY: the trait method's contract.
-            let (sj, cj) = sincos_turns(unsafe { turns_of_pair(view, rows, i + j) });
-            (c[j], s[j]) = (cj * a, sj * a);
-        });
-        (c, s)
+    unsafe fn load<P: PairRows>(p: Table<'_>, _: P, i: usize, n: usize) -> (Lane, Lane) {
+        let stride = row_stride(p.view.half()) as usize;
+        // SAFETY: the trait method's contract: the row holds the token's `half` cos, then
+        // (from `stride`) its sines, 16-byte aligned, and `i` is a multiple of `min(n, 4)`.
+        unsafe { (load_shared(p.row.wrapping_add(i), n), load_shared(p.row.wrapping_add(stride + i), n)) }
     }
     #[inline(always)]
-    unsafe fn exact<P: PairRows>(view: &TableView, rows: P, i: usize, _: f32, _: f32) -> ((f32, f32), (f32, f32)) {
-        // SAFETY: the trait method's contract.
-        exact_of(unsafe { turns_of_pair(view, rows, i) }, view.attention_f64())
+    unsafe fn exact(p: Table<'_>, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+        let stride = row_stride(p.view.half()) as usize;
+        // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
+        unsafe { ((c, *p.row.add(2 * stride + i)), (s, *p.row.add(3 * stride + i))) }
     }
 }
 
-/// The exact path's values, out of line: its f64 registers stay out of the fast path.
-#[inline(never)]
-fn exact_of(t: u64, a: f64) -> ((f32, f32), (f32, f32)) {
-    let (s, c) = sincos_turns_f64(t);
-    (split(c * a), split(s * a))
+/// The library's cos and sin of one block's tokens, in shared memory: each token's row holds
+/// [`row_stride`]`(half)` cos then as many sines (f32, the attention factor in, the
+/// direction's sign not), computed once per token and pair by [`BlockRows::fill`] and read by
+/// every thread of the block that rotates the token. Computing them per thread instead
+/// repeats each pair's sine and cosine once per head group (measured on the H200: bf16 RoPE
+/// at 84% of copy bandwidth with 8 heads a thread, against 94% from a table).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockRows {
+    base: *mut f32,
+    first: u32,
+    stride: u32,
+}
+
+impl BlockRows {
+    /// Computes the rows of the block's tokens `first..first + count` at `base`: every thread
+    /// of the block takes every `block_dim`-th (token, pair). Tokens whose position fails the
+    /// check are left unwritten (their threads read nothing). `divmod(t)` is token `t`'s
+    /// (batch, sequence index).
+    ///
+    /// Every thread of the block calls it, and a barrier follows before any row is read.
+    ///
+    /// # Safety
+    /// `base` is the shared memory of at least [`crate::params::block_rows_bytes`] for this
+    /// launch, 16-byte aligned; `count` is at most [`crate::params::block_tokens_max`]; the
+    /// positions buffer holds the tokens' entries; the view's frequencies hold `half` pairs.
+    #[inline(always)]
+    pub(crate) unsafe fn fill<P: PairRows>(
+        base: *mut f32,
+        (first, count): (u32, u32),
+        view: &TableView,
+        positions: &PositionsView,
+        divmod: impl Fn(u32) -> (u32, u32),
+    ) -> BlockRows {
+        let half = view.half();
+        let stride = row_stride(half);
+        let (tid, bd) = (thread_idx().0, block_dim().0);
+        // SAFETY: the host never launches without rotary pairs.
+        unsafe { core::hint::assert_unchecked(half != 0) };
+        // Entry `k = token * half + pair`, stepped by `block_dim` without dividing again.
+        let (step_t, step_i) = (bd / half, bd % half);
+        let (mut t, mut i) = (tid / half, tid % half);
+        let a = view.attention();
+        let angles = view.angles() as *const u32;
+        let stride_u = stride as usize;
+        // Up to `BATCH` entries at a time, in phases, so that their loads overlap: positions
+        // and frequencies, then the angle table, then the arithmetic.
+        const BATCH: usize = 2;
+        while t < count {
+            let (mut ts, mut is, mut n) = ([0u32; BATCH], [0u32; BATCH], 0);
+            unrolled(BATCH, |j| {
+                if t < count {
+                    (ts[j], is[j], n) = (t, i, j + 1);
+                    i += step_i;
+                    t += step_t;
+                    if i >= half {
+                        i -= half;
+                        t += 1;
+                    }
+                }
+            });
+            let mut turns = [None::<u64>; BATCH];
+            unrolled(n, |j| {
+                let token = first + ts[j];
+                let (b, s) = divmod(token);
+                // SAFETY: the caller's contract: the token's entries exist.
+                let raw = unsafe { P::load(positions, token, b, s) };
+                turns[j] = positions.check(raw).map(|pos| {
+                    // SAFETY: as above; `pos` passed the check; the frequencies hold the pair.
+                    unsafe { turns_of_pair(view, P::of(positions, token, pos), is[j] as usize) }
+                });
+            });
+            let mut entries = [[0.0f32; 4]; BATCH];
+            unrolled(n, |j| {
+                if let Some(tj) = turns[j] {
+                    // SAFETY: the angle table holds `ANGLE_STEPS` entries of 16 bytes, 16-byte
+                    // aligned; `angle_index` is below that.
+                    entries[j] = unsafe { load_words_nc(angles.wrapping_add(4 * angle_index(tj))) }.map(f32::from_bits);
+                }
+            });
+            unrolled(n, |j| {
+                if let Some(tj) = turns[j] {
+                    let (sn, cs) = sincos_turns_pair(tj, |_| entries[j]);
+                    let (cs, sn) = (mul_pair(cs, a), mul_pair(sn, a));
+                    let row = base.wrapping_add((4 * ts[j] * stride) as usize);
+                    let i = is[j] as usize;
+                    // SAFETY: `ts[j] < count`: the row is inside the shared memory.
+                    unsafe {
+                        row.add(i).write(cs.0);
+                        row.add(stride_u + i).write(sn.0);
+                        row.add(2 * stride_u + i).write(cs.1);
+                        row.add(3 * stride_u + i).write(sn.1);
+                    }
+                }
+            });
+        }
+        BlockRows { base, first, stride }
+    }
+
+    /// Token `token`'s row (one of the block's).
+    #[inline(always)]
+    pub(crate) fn row(&self, token: u32) -> *const f32 {
+        self.base.wrapping_add((4 * (token - self.first) * self.stride) as usize)
+    }
 }
 
 /// The cos and sin of one lane: `n` pairs', the sine's sign set for the direction.
 pub(crate) struct Entries<P> {
     c: Lane,
     s: Lane,
-    /// For the exact path: the token's rows and the lane's first pair.
-    rows: P,
+    /// For the exact path: the lane's first pair.
     i: usize,
+    rows: core::marker::PhantomData<P>,
 }
 
 impl<P: PairRows> Entries<P> {
     /// No entries (for lanes that do not rotate).
     #[inline(always)]
     pub(crate) fn none() -> Entries<P> {
-        Entries { c: [0.0; 8], s: [0.0; 8], rows: P::default(), i: 0 }
+        Entries { c: [0.0; 8], s: [0.0; 8], i: 0, rows: core::marker::PhantomData }
     }
 
     /// The cos and sin of `n` pairs from pair `i`, for a token whose rows are `rows`.
@@ -255,11 +364,11 @@ impl<P: PairRows> Entries<P> {
     #[inline(always)]
     unsafe fn load<B: Source>(p: Table<'_>, rows: P, i: usize, n: usize) -> Entries<P> {
         // SAFETY: the caller's contract.
-        let (c, mut s) = unsafe { B::load(p.view, rows, i, n) };
+        let (c, mut s) = unsafe { B::load(p, rows, i, n) };
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
-        Entries { c, s, rows, i }
+        Entries { c, s, i, rows: core::marker::PhantomData }
     }
 
     /// The exact `((cos, cos_lo), (sin, sin_lo))` of entry `j`, one at a time (few
@@ -270,7 +379,7 @@ impl<P: PairRows> Entries<P> {
     #[inline(always)]
     unsafe fn exact<B: Source>(&self, p: Table<'_>, j: usize) -> ((f32, f32), (f32, f32)) {
         // SAFETY: the caller's contract.
-        let (c, s) = unsafe { B::exact(p.view, self.rows, self.i + j, self.c[j], self.s[j] * p.sin_sign) };
+        let (c, s) = unsafe { B::exact(p, self.i + j, self.c[j], self.s[j] * p.sin_sign) };
         (c, (s.0 * p.sin_sign, s.1 * p.sin_sign))
     }
 }

@@ -94,11 +94,14 @@ impl TableView {
     }
 
     /// The library's source: no table, but `half` frequencies at `freqs`, each 16 bytes
-    /// (its [`crate::math::Turns`] and a pad word), and the attention factor both cos and sin
-    /// are multiplied by. Positions are then limited by the launch's [`PositionsView`] only.
-    pub fn computed(freqs: u64, half: u32, attention: f64) -> Self {
-        // The words: the frequencies' address, the factor in f64 and in f32.
-        let words = [freqs, attention.to_bits(), (attention as f32).to_bits() as u64, 0];
+    /// (its [`crate::math::Turns`] and a pad word), the angle table at `angles`
+    /// ([`crate::math::AngleEntry`] each, [`crate::math::ANGLE_STEPS`] of them), and the
+    /// attention factor both cos and sin are multiplied by, as an f32 pair. Positions are then
+    /// limited by the launch's [`PositionsView`] only.
+    pub fn computed(freqs: u64, angles: u64, half: u32, attention: f64) -> Self {
+        let hi = attention as f32;
+        let lo = (attention - hi as f64) as f32;
+        let words = [freqs, angles, hi.to_bits() as u64 | (lo.to_bits() as u64) << 32, 0];
         TableView::new(words, half)
     }
 
@@ -108,16 +111,16 @@ impl TableView {
         self.cos
     }
 
-    /// The attention factor, f64 ([`TableView::computed`]).
+    /// The angle table's address ([`TableView::computed`]).
     #[inline(always)]
-    pub fn attention_f64(&self) -> f64 {
-        f64::from_bits(self.sin)
+    pub fn angles(&self) -> u64 {
+        self.sin
     }
 
-    /// The attention factor, f32 ([`TableView::computed`]).
+    /// The attention factor as an f32 pair `(hi, lo)` ([`TableView::computed`]).
     #[inline(always)]
-    pub fn attention(&self) -> f32 {
-        f32::from_bits(self.cos_lo as u32)
+    pub fn attention(&self) -> (f32, f32) {
+        (f32::from_bits(self.cos_lo as u32), f32::from_bits((self.cos_lo >> 32) as u32))
     }
 
     /// The same table, its pairs split among three position streams as `bands` says (read
