@@ -282,7 +282,7 @@ impl BlockRows {
         let stride_u = stride as usize;
         // Up to `BATCH` entries at a time, in phases, so that their loads overlap: positions
         // and frequencies, then the angle table, then the arithmetic.
-        const BATCH: usize = 2;
+        const BATCH: usize = 1;
         while t < count {
             let (mut ts, mut is, mut n) = ([0u32; BATCH], [0u32; BATCH], 0);
             unrolled(BATCH, |j| {
