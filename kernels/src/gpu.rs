@@ -485,6 +485,68 @@ pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
     }
 }
 
+/// The shared-window address (32 bits) of a generic pointer into the block's shared memory:
+/// one register instead of two for addresses kept across a kernel.
+#[inline(always)]
+pub fn shared_addr(p: *const f32) -> u32 {
+    let a: u32;
+    // SAFETY: register-only conversions.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}",
+            p = in(reg64) p, a = out(reg32) a,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    a
+}
+
+/// Loads one f32 of shared memory at the shared-window address `a`, as a volatile access: the
+/// compiler keeps it where the code puts it (on the rare path, whose loads would otherwise be
+/// hoisted ahead of the branch and held in registers).
+///
+/// # Safety
+/// `a` is a shared address valid for an f32, 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_shared32_volatile(a: u32) -> f32 {
+    let v: f32;
+    // SAFETY: the caller's contract.
+    unsafe { asm!("ld.volatile.shared.f32 {}, [{}];", out(reg32) v, in(reg32) a, options(nostack, preserves_flags)) };
+    v
+}
+
+/// Loads `n` (1, 2, 4 or 8) consecutive f32 of shared memory at the shared-window address `a`.
+///
+/// # Safety
+/// `a` is a shared address valid for `n` f32, aligned to `4 * min(n, 4)` bytes.
+#[inline(always)]
+pub unsafe fn load_shared32(a: u32, n: usize) -> Lane {
+    let mut v = [0.0f32; 8];
+    // SAFETY: the caller's contract.
+    unsafe {
+        match n {
+            1 => asm!("ld.shared.f32 {}, [{}];", out(reg32) v[0], in(reg32) a, options(readonly, nostack, preserves_flags)),
+            2 => asm!(
+                "ld.shared.v2.f32 {{{}, {}}}, [{}];",
+                out(reg32) v[0], out(reg32) v[1], in(reg32) a,
+                options(readonly, nostack, preserves_flags),
+            ),
+            _ => {
+                for h in 0..n / 4 {
+                    let (x, y, z, w): (f32, f32, f32, f32);
+                    asm!(
+                        "ld.shared.v4.f32 {{{}, {}, {}, {}}}, [{}];",
+                        out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) a + 16 * h as u32,
+                        options(readonly, nostack, preserves_flags),
+                    );
+                    v[4 * h..4 * h + 4].copy_from_slice(&[x, y, z, w]);
+                }
+            }
+        }
+    }
+    v
+}
+
 /// Loads `n` (1, 2, 4 or 8) consecutive f32 of shared memory at `p` (a generic address the
 /// compiler traces to the block's shared memory), with accesses as wide as `n` allows.
 ///

@@ -11,7 +11,7 @@ use crate::views::{Duplicates, HeadsView, SlotOf};
 /// The launch's table for a token whose block row (library's source) is `row`; KV appends
 /// always rotate forward.
 #[inline(always)]
-fn table(p: &KvParams, row: *const f32) -> Table<'_> {
+fn table(p: &KvParams, row: u32) -> Table<'_> {
     Table { view: &p.table, sin_sign: 1.0, row }
 }
 
@@ -311,7 +311,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
                 // SAFETY: the positions view admits only rows of the table; `pos` passed its
                 // check.
                 entries = unsafe {
-                    S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, core::ptr::null()))
+                    S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0))
                 };
             }
         }
@@ -345,7 +345,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let Some((pos, n)) = target else { return };
     // SAFETY: as computed above.
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
-    let row = block_rows.map_or(core::ptr::null(), |r| r.row(t));
+    let row = block_rows.map_or(0, |r| r.row(t));
     if rotating && (B::BLOCK_ROWS || !shared) {
         // Without the scan the caller's table loads overlap the owner check.
         // SAFETY: the positions view admits only rows of the table; `pos` passed its check;

@@ -20,7 +20,9 @@ pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize) -> u32
         (false, _, _) => 1,
         _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
         (true, _, 2) => 8,
-        (true, true, _) => 1,
+        // In-kernel cos/sin (block rows): f32 NeoX 4 (measured on the H200: 96.1% of copy, 1
+        // head 85.8%).
+        (true, true, _) => 4,
         (true, false, _) => 4,
     }
 }

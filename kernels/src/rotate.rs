@@ -3,7 +3,7 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
-use crate::gpu::{block_dim, load_elem_nc, load_shared, load_table, load_words_nc, thread_idx, Bits, Elem, Io, Lane};
+use crate::gpu::{block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx, Bits, Elem, Io, Lane};
 use crate::params::row_stride;
 use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at};
 use crate::views::{PositionsView, TableView};
@@ -104,7 +104,7 @@ pub(crate) struct Table<'a> {
     pub sin_sign: f32,
     /// The library's source: the token's row of the block's cos and sin ([`BlockRows::row`]);
     /// unused with the caller's tables.
-    pub row: *const f32,
+    pub row: u32,
 }
 
 /// Where a lane's cos and sin come from: computed from the position and each pair's
@@ -226,13 +226,16 @@ impl Source for Computed {
         let stride = row_stride(p.view.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the token's `half` cos, then
         // (from `stride`) its sines, 16-byte aligned, and `i` is a multiple of `min(n, 4)`.
-        unsafe { (load_shared(p.row.wrapping_add(i), n), load_shared(p.row.wrapping_add(stride + i), n)) }
+        unsafe { (load_shared32(p.row + 4 * i as u32, n), load_shared32(p.row + 4 * (stride + i) as u32, n)) }
     }
     #[inline(always)]
     unsafe fn exact(p: Table<'_>, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         let stride = row_stride(p.view.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
-        unsafe { ((c, *p.row.add(2 * stride + i)), (s, *p.row.add(3 * stride + i))) }
+        unsafe {
+            let lo = |k: usize| load_shared32_volatile(p.row + 4 * (k * stride + i) as u32);
+            ((c, lo(2)), (s, lo(3)))
+        }
     }
 }
 
@@ -334,10 +337,10 @@ impl BlockRows {
         BlockRows { base, first, stride }
     }
 
-    /// Token `token`'s row (one of the block's).
+    /// Token `token`'s row (one of the block's), as a shared-window address.
     #[inline(always)]
-    pub(crate) fn row(&self, token: u32) -> *const f32 {
-        self.base.wrapping_add((4 * (token - self.first) * self.stride) as usize)
+    pub(crate) fn row(&self, token: u32) -> u32 {
+        shared_addr(self.base) + 16 * (token - self.first) * self.stride
     }
 }
 
