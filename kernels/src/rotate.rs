@@ -233,8 +233,9 @@ impl Source for Computed {
         let stride = row_stride(p.view.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
         unsafe {
-            let lo = |k: usize| load_shared32_volatile(p.row + 4 * (k * stride + i) as u32);
-            ((c, lo(2)), (s, lo(3)))
+            let at = |k: usize| load_shared32_volatile(p.row + 4 * (k * stride + i) as u32);
+            let _ = (c, s);
+            ((at(0), at(2)), (at(1), at(3)))
         }
     }
 }
@@ -366,12 +367,34 @@ impl<P: PairRows> Entries<P> {
     /// As [`Source::load`].
     #[inline(always)]
     unsafe fn load<B: Source>(p: Table<'_>, rows: P, i: usize, n: usize) -> Entries<P> {
+        if B::BLOCK_ROWS {
+            // Read again for each head ([`Entries::lane`]): from shared memory that is cheap,
+            // and the lane's values are not held in registers across the heads.
+            return Entries { c: [0.0; 8], s: [0.0; 8], i, rows: core::marker::PhantomData };
+        }
         // SAFETY: the caller's contract.
         let (c, mut s) = unsafe { B::load(p, rows, i, n) };
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
         Entries { c, s, i, rows: core::marker::PhantomData }
+    }
+
+    /// The lane's `n` cos and sin (the sine's sign set), for one head.
+    ///
+    /// # Safety
+    /// `self` was loaded by [`Entries::load`] from `p` with this `n`.
+    #[inline(always)]
+    unsafe fn lane<B: Source>(&self, p: Table<'_>, n: usize) -> (Lane, Lane) {
+        if !B::BLOCK_ROWS {
+            return (self.c, self.s);
+        }
+        // SAFETY: the caller's contract; block rows ignore the token's rows.
+        let (c, mut s) = unsafe { B::load(p, P::default(), self.i, n) };
+        for v in s.iter_mut().take(n) {
+            *v *= p.sin_sign;
+        }
+        (c, s)
     }
 
     /// The exact `((cos, cos_lo), (sin, sin_lo))` of entry `j`, one at a time (few
@@ -381,7 +404,7 @@ impl<P: PairRows> Entries<P> {
     /// `self` was loaded by [`Entries::load`] from `p`, and `j` is below its `n`.
     #[inline(always)]
     unsafe fn exact<B: Source>(&self, p: Table<'_>, j: usize) -> ((f32, f32), (f32, f32)) {
-        // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract (block rows read theirs from shared memory).
         let (c, s) = unsafe { B::exact(p, self.i + j, self.c[j], self.s[j] * p.sin_sign) };
         (c, (s.0 * p.sin_sign, s.1 * p.sin_sign))
     }
@@ -442,10 +465,12 @@ unsafe fn rotate_lane<R: Io, B: Source, P: PairRows>(
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
     let mut pending = [0.0f32; 2];
+    // SAFETY: the caller's contract: `t` was loaded from `p` for `n` pairs.
+    let (c, s) = unsafe { t.lane::<B>(p, n) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
-        let (y0, y1) = rotate_pair_fast(a, b, t.c[j], t.s[j]);
+        let (y0, y1) = rotate_pair_fast(a, b, c[j], s[j]);
         if let Some(narrow) = R::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
             slack = slack.min(sl);
