@@ -4,13 +4,15 @@
 //!
 //! - `1 / 2π`'s 256 bits (`INV_2PI`) and each frequency's 96-bit turns (`turns_of`) are exact;
 //! - `turns_at(p, turns_of(f))` is `frac(p f / 2π)` within `2^-63` turns for every `p < 2^31`;
-//! - the f32 `(sin, cos)` of those turns is within 2 ulp of `1` (absolute `2^-23`) of the exact
-//!   value of `p f`, the f64 one within `2^-50`: and so is the reference itself, computed at two
+//! - the kernels' `(sin, cos)` of those turns (`sincos_turns_pair`: f32 arithmetic only, an
+//!   angle table of 256 entries) is an f32 pair within `2^-46` of the exact value of `p f`, its
+//!   leading f32 within `2^-24`; also at every octant boundary of the table and on 100,000
+//!   random angles; and so is the f64 reference within `2^-50`, itself computed at two
 //!   precisions (320 and 256 bits), which must agree to `2^-200`.
 
 use astro_float::{BigFloat, Consts, Radix, RoundingMode};
 use rope_cuda::reference::splitmix64;
-use rope_cuda_kernels::math::{sincos_turns, sincos_turns_f64, split, turns_at, turns_of, INV_2PI};
+use rope_cuda_kernels::math::{angle_table, sincos_turns_pair, turns_at, turns_of, AngleEntry, INV_2PI};
 
 const P: usize = 320;
 const RM: RoundingMode = RoundingMode::ToEven;
@@ -102,8 +104,9 @@ fn positions() -> Vec<u32> {
 #[test]
 fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
     let mut cc = Consts::new().unwrap();
-    let (mut worst32, mut worst64, mut worst_turns) = (0f64, 0f64, 0f64);
+    let (mut worst32, mut worst_pair, mut worst_turns) = (0f64, 0f64, 0f64);
     let fs = frequencies();
+    let table = angle_table();
     for (k, p) in positions().into_iter().enumerate() {
         // Every position with a third of the frequencies (all of them over the positions).
         for &f in fs.iter().skip(k % 3).step_by(3) {
@@ -116,25 +119,64 @@ fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
             let e = e.min(1.0 - e); // across the wrap
             assert!(e < 2f64.powi(-63), "p {p} f {f}: turns off by {e:e}");
             worst_turns = worst_turns.max(e);
-            let (s, c) = sincos_turns(t);
-            let (s64, c64) = sincos_turns_f64(t);
-            for (what, got32, got64, want) in [("sin", s, s64, &es), ("cos", c, c64, &ec)] {
-                let e32 = diff(&big(got32 as f64, P), want, &mut cc);
-                let e64 = diff(&big(got64, P), want, &mut cc);
-                assert!(e32 <= 2f64.powi(-23), "p {p} f {f} {what}: f32 off by {e32:e}");
-                assert!(e64 <= 2f64.powi(-50), "p {p} f {f} {what}: f64 off by {e64:e}");
-                // The f32 pair the exact rotation uses carries the f64 value.
-                let (hi, lo) = split(got64);
-                assert!((hi as f64 + lo as f64 - got64).abs() <= 2f64.powi(-70) + got64.abs() * 2f64.powi(-48));
+            let (s, c) = sincos_turns_pair(t, |j| table[j]);
+            for (what, got, want) in [("sin", s, &es), ("cos", c, &ec)] {
+                let (e32, e_pair) = pair_errors(got, want, &mut cc);
+                assert!(e32 <= 2f64.powi(-24), "p {p} f {f} {what}: f32 off by {e32:e}");
+                assert!(e_pair <= 2f64.powi(-46), "p {p} f {f} {what}: pair off by {e_pair:e}");
                 worst32 = worst32.max(e32);
-                worst64 = worst64.max(e64);
+                worst_pair = worst_pair.max(e_pair);
             }
         }
     }
     println!(
-        "worst: turns {worst_turns:e}, f32 {worst32:e} ({:.2} ulp of 1), f64 {worst64:e}",
-        worst32 / 2f64.powi(-24)
+        "worst: turns {worst_turns:e}, f32 {worst32:e} ({:.2} ulp of 1), pair {worst_pair:e} (2^{:.1})",
+        worst32 / 2f64.powi(-24),
+        worst_pair.log2()
     );
+}
+
+/// The errors of an f32 pair `(hi, lo)` against `want`: of `hi` alone, and of `hi + lo`.
+fn pair_errors((hi, lo): (f32, f32), want: &BigFloat, cc: &mut Consts) -> (f64, f64) {
+    let pair = big(hi as f64, P).add(&big(lo as f64, P), P, RM);
+    (diff(&big(hi as f64, P), want, cc), diff(&pair, want, cc))
+}
+
+/// `(sin, cos)` of `2π t / 2^64`, exactly (320 bits).
+fn exact_of_turns(t: u64, cc: &mut Consts) -> (BigFloat, BigFloat) {
+    let two_pi = cc.pi(P, RM).mul(&BigFloat::from_u32(2, P), P, RM);
+    let a = fraction(&[(t >> 32) as u32, t as u32]).mul(&two_pi, P, RM);
+    (a.sin(P, RM, cc), a.cos(P, RM, cc))
+}
+
+/// The kernels' f32-only sine and cosine on angles of every kind: random turns, the table's
+/// own steps and their neighbours (every octant, both ends of each step), and the octant and
+/// quadrant boundaries, where the reduction reflects or the values cross zero.
+#[test]
+fn f32_pair_sin_cos_is_within_2_pow_46_everywhere() {
+    let mut cc = Consts::new().unwrap();
+    let table: [AngleEntry; 256] = angle_table();
+    let mut ts: Vec<u64> = (0..100_000u64).map(|i| splitmix64(0x5EED ^ i)).collect();
+    for o in 0..8u64 {
+        for j in (0..256u64).step_by(17).chain([255]) {
+            let at = (o << 61) | (j << 53);
+            ts.extend([at, at.wrapping_add(1), at.wrapping_sub(1), at | ((1 << 53) - 1), at + (1 << 52)]);
+        }
+    }
+    ts.extend([0, 1, u64::MAX, 1 << 62, (1 << 62) - 1, 1 << 63, 3 << 62]);
+    let (mut worst32, mut worst_pair) = (0f64, 0f64);
+    for t in ts {
+        let (s, c) = sincos_turns_pair(t, |j| table[j]);
+        let (es, ec) = exact_of_turns(t, &mut cc);
+        for (what, got, want) in [("sin", s, &es), ("cos", c, &ec)] {
+            let (e32, e_pair) = pair_errors(got, want, &mut cc);
+            assert!(e32 <= 2f64.powi(-24), "t {t:#x} {what}: f32 off by {e32:e}");
+            assert!(e_pair <= 2f64.powi(-46), "t {t:#x} {what}: pair off by {e_pair:e}");
+            worst32 = worst32.max(e32);
+            worst_pair = worst_pair.max(e_pair);
+        }
+    }
+    println!("worst: f32 {:.3} ulp of 1, pair 2^{:.2}", worst32 / 2f64.powi(-24), worst_pair.log2());
 }
 
 /// The f64 reference the other tests use (`rope_cuda::reference::sin_cos`: exact product,
@@ -170,18 +212,16 @@ fn the_reference_agrees_with_itself_at_two_precisions() {
 }
 
 /// The kernels' rotation with cos and sin computed from turns (the fast f32 values, the
-/// decision, the exact f64 path), on half random and half cancelling pairs at positions up to
+/// decision, the exact path on the f32 pairs), on half random and half cancelling pairs at positions up to
 /// `2^31 - 1`: every 16-bit output within one ulp of the correctly rounded exact result (the
 /// f64 reference above), the f32 ones within 2e-6 of the pair's size.
 fn rotation_sweep<T: rope_cuda::reference::RefElem>() {
     use rope_cuda::reference::{sin_cos, uniform};
     use rope_cuda::DType;
     use rope_cuda_kernels::math::{rotate_pair, rotate_pair_fast, Narrow};
-    // Computed cos and sin are within 1.5 2^-24 (not half an ulp, as a table's entries): the
-    // decision takes half the tables' scale, which keeps a margin of about 2 (see `Narrow`).
-    let table = if T::DTYPE == DType::BF16 { Narrow::BF16 } else { Narrow::F16 };
-    let narrow = Narrow { scale: table.scale / 2.0, ..table };
+    let narrow = if T::DTYPE == DType::BF16 { Narrow::BF16 } else { Narrow::F16 };
     let fs = frequencies();
+    let table = angle_table();
     let (mut flagged, mut failures) = (0usize, Vec::new());
     let cases = 200_000u64;
     for i in 0..cases {
@@ -195,12 +235,11 @@ fn rotation_sweep<T: rope_cuda::reference::RefElem>() {
             continue;
         }
         let (a, b) = (x0.to_f64() as f32, x1.to_f64() as f32);
-        let (s, c) = sincos_turns(t);
-        let fast = rotate_pair_fast(a, b, c, s);
+        let (s, c) = sincos_turns_pair(t, |j| table[j]);
+        let fast = rotate_pair_fast(a, b, c.0, s.0);
         let y = if narrow.pair_needs_precise(fast, a, b) {
             flagged += 1;
-            let (s64, c64) = sincos_turns_f64(t);
-            rotate_pair(a, b, split(c64), split(s64))
+            rotate_pair(a, b, c, s)
         } else {
             fast
         };

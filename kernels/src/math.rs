@@ -138,11 +138,6 @@ pub fn turns_at(p: u32, r: Turns) -> u64 {
     (b << 32) | (a & 0xFFFF_FFFF)
 }
 
-/// `π/4 · 2^-64` (f32): turns an octant's 64-bit fraction into radians.
-const PI4_2M64_F32: f32 = f32::from_bits(0x1F49_0FDB);
-/// `π/4 · 2^-64` (f64).
-const PI4_2M64_F64: f64 = f64::from_bits(0x3BE9_21FB_5444_2D18);
-
 /// The octant of angle `t` (turns, 64-bit fraction) and the angle's distance, in 64-bit
 /// fractions of an octant, from the octant's start (even octants) or end (odd ones): reduced
 /// to `[0, π/4]`, where the polynomials are accurate.
@@ -166,55 +161,125 @@ fn unfold<T: core::ops::Neg<Output = T>>(o: u32, s: T, c: T) -> (T, T) {
     }
 }
 
-/// `(sin, cos)` of `2π t / 2^64` in f32, for the fast rotation: each within about two units
-/// in the last place (the reduction is exact; the reduced angle carries about 1.5 ulp, the
-/// polynomials, Cephes' `sinf`/`cosf` on `[0, π/4]`, about one).
+/// `a + b` as `(s, e)`: `s` the rounded sum, `e` its exact error (Knuth's two-sum).
 #[inline(always)]
-pub fn sincos_turns(t: u64) -> (f32, f32) {
-    let (o, u) = octant(t);
-    let x = u as f32 * PI4_2M64_F32;
-    let z = x * x;
-    let s = fma(x * z, fma(fma(-1.951_529_6e-4, z, 8.332_161e-3), z, -1.666_665_5e-1), x);
-    let c = fma(z * z, fma(fma(2.443_315_7e-5, z, -1.388_731_6e-3), z, 4.166_664_6e-2), fma(-0.5, z, 1.0));
-    unfold(o, s, c)
+fn two_sum(a: f32, b: f32) -> (f32, f32) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
 }
 
-/// `(sin, cos)` of `2π t / 2^64` in f64 (Taylor series of the reduced angle to `x^17` and
-/// `x^16`), each within about `2^-52`: the values the exact rotation splits into f32 pairs.
+/// `a * b` as `(p, e)`: `p` the rounded product, `e` its exact error (an FMA).
 #[inline(always)]
-pub fn sincos_turns_f64(t: u64) -> (f64, f64) {
+fn two_prod(a: f32, b: f32) -> (f32, f32) {
+    let p = a * b;
+    (p, fma(a, b, -p))
+}
+
+/// `hi + lo` renormalised, for `|hi| >= |lo|`: the f32 nearest the sum, and what it rounds off.
+#[inline(always)]
+fn fast_two_sum(hi: f32, lo: f32) -> (f32, f32) {
+    let s = hi + lo;
+    (s, lo - (s - hi))
+}
+
+/// Steps of [`sincos_turns_pair`]'s angle table over one octant: entry `j` holds the cos and
+/// sin of `j π / 1024`.
+pub const ANGLE_STEPS: usize = 256;
+
+/// An entry of the angle table: `[cos_hi, cos_lo, sin_hi, sin_lo]`, each value as the f32 pair
+/// `(hi, lo)` of its f64 ([`angle_table`] on the host).
+pub type AngleEntry = [f32; 4];
+
+/// The angle table entry [`sincos_turns_pair`] reads for angle `t` (for loading it ahead).
+#[inline(always)]
+pub fn angle_index(t: u64) -> usize {
+    (octant(t).1 >> 56) as usize
+}
+
+/// `π/4 · 2^-32` as an f32 pair: the octant's fraction, in units of `2^-32`, to radians.
+const PI4_2M32: (f32, f32) = {
+    let v = core::f64::consts::FRAC_PI_4 / 4_294_967_296.0;
+    let hi = v as f32;
+    (hi, (v - hi as f64) as f32)
+};
+
+/// `(sin, cos)` of `2π t / 2^64`, each as an f32 pair `(hi, lo)` whose sum is within about
+/// `2^-46` of the exact value, in f32 arithmetic only (no FP64: GPUs other than the data-centre
+/// ones run it at 1/64 rate); `hi` is the f32 nearest that sum, within half an ulp and `2^-46`
+/// of the exact value. `entry(j)` reads the angle table ([`AngleEntry`], `j < ANGLE_STEPS`).
+///
+/// The angle sum: the reduction to an octant is exact (integer bits of `t`); the octant's top
+/// 8 bits pick `A = j π/1024` from the table, the other 56 bits give `B < π/1024`, formed as an
+/// f32 pair from exact integer halves. `sin B` and `cos B` need few terms at that size (`B^5/120
+/// < 2^-48`, `B^6/720 < 2^-60`); the products and sums whose rounding would show (above about
+/// `2^-50`) are carried exactly (FMA two-products, two-sums) and the rest in f32.
+#[inline(always)]
+pub fn sincos_turns_pair(t: u64, entry: impl Fn(usize) -> AngleEntry) -> ((f32, f32), (f32, f32)) {
     let (o, u) = octant(t);
-    let x = u as f64 * PI4_2M64_F64;
-    let z = x * x;
-    // 1/k! for the odd (sine) and even (cosine) terms, highest first.
-    const S: [f64; 8] = [
-        1.0 / 355_687_428_096_000.0,
-        -1.0 / 1_307_674_368_000.0,
-        1.0 / 6_227_020_800.0,
-        -1.0 / 39_916_800.0,
-        1.0 / 362_880.0,
-        -1.0 / 5_040.0,
-        1.0 / 120.0,
-        -1.0 / 6.0,
-    ];
-    const C: [f64; 8] = [
-        1.0 / 20_922_789_888_000.0,
-        -1.0 / 87_178_291_200.0,
-        1.0 / 479_001_600.0,
-        -1.0 / 3_628_800.0,
-        1.0 / 40_320.0,
-        -1.0 / 720.0,
-        1.0 / 24.0,
-        -0.5,
-    ];
-    let (mut ps, mut pc) = (0.0f64, 0.0f64);
-    let mut k = 0;
-    while k < 8 {
-        ps = ps * z + S[k];
-        pc = pc * z + C[k];
-        k += 1;
+    let [cah, cal, sah, sal] = entry(angle_index(t));
+    // B = r π/4 2^-64, r the low 56 bits: r = r_hi 2^32 + r_lo.
+    let r = u & ((1 << 56) - 1);
+    let (r_hi, r_lo) = ((r >> 32) as u32 as f32, r as u32 as f32);
+    let (bh, be) = two_prod(r_hi, PI4_2M32.0);
+    let bl = be + fma(r_hi, PI4_2M32.1, r_lo * (PI4_2M32.0 * f32::from_bits(0x2F80_0000)));
+    let (bh, bl) = fast_two_sum(bh, bl);
+    // cos B = 1 + d, d = -B^2/2 + B^4/24; sin B = bh + sb_lo.
+    let (z, ze) = two_prod(bh, bh);
+    let dh = -0.5 * z;
+    let dl = fma(-0.5, ze, fma(-bh, bl, z * z * (1.0 / 24.0)));
+    let sb_lo = fma(bh * z, fma(z, 1.0 / 120.0, -1.0 / 6.0), fma(-0.5 * z, bl, bl));
+    // cos(A + B) = cA + cA d - sA sin B; sin(A + B) = sA + sA d + cA sin B.
+    let cos = {
+        let (p1, e1) = two_prod(sah, bh);
+        let (p2, e2) = two_prod(cah, dh);
+        let (h, eh) = two_sum(cah, -p1);
+        let (h, eh2) = two_sum(h, p2);
+        let small = cal + (fma(cah, dl, fma(cal, dh, -(sah * sb_lo))) - sal * bh);
+        fast_two_sum(h, ((eh + eh2) + (e2 - e1)) + small)
+    };
+    let sin = {
+        let (p1, e1) = two_prod(cah, bh);
+        let (p2, e2) = two_prod(sah, dh);
+        let (h, eh) = two_sum(sah, p1);
+        let (h, eh2) = two_sum(h, p2);
+        let small = sal + (fma(sah, dl, fma(sal, dh, cah * sb_lo)) + cal * bh);
+        fast_two_sum(h, ((eh + eh2) + (e1 + e2)) + small)
+    };
+    let (s, c) = unfold(o, Pair(sin.0, sin.1), Pair(cos.0, cos.1));
+    ((s.0, s.1), (c.0, c.1))
+}
+
+/// An f32 pair `hi + lo`, negated as a whole (for [`unfold`]).
+#[derive(Clone, Copy)]
+struct Pair(f32, f32);
+
+impl core::ops::Neg for Pair {
+    type Output = Pair;
+    #[inline(always)]
+    fn neg(self) -> Pair {
+        Pair(-self.0, -self.1)
     }
-    unfold(o, x + x * z * ps, 1.0 + z * pc)
+}
+
+/// `(hi, lo) * (a_hi, a_lo)` as an f32 pair (the attention factor on a [`sincos_turns_pair`]
+/// value): the leading product exact, the cross terms in f32.
+#[inline(always)]
+pub fn mul_pair((hi, lo): (f32, f32), (a_hi, a_lo): (f32, f32)) -> (f32, f32) {
+    let (p, e) = two_prod(hi, a_hi);
+    fast_two_sum(p, e + fma(hi, a_lo, lo * a_hi))
+}
+
+/// The angle table [`sincos_turns_pair`] reads: `cos` and `sin` of `j π/1024` for each
+/// `j < ANGLE_STEPS`, evaluated in f64 and split into f32 pairs (within about `2^-52` of the
+/// exact values). 4 KiB; the host uploads it once per operation object.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn angle_table() -> [AngleEntry; ANGLE_STEPS] {
+    core::array::from_fn(|j| {
+        let (s, c) = (j as f64 * core::f64::consts::PI / 1024.0).sin_cos();
+        let ((ch, cl), (sh, sl)) = (split(c), split(s));
+        [ch, cl, sh, sl]
+    })
 }
 
 /// Splits `v` into `(hi, lo)`: `hi` the f32 nearest `v`, `lo` the f32 nearest `v - hi`.
