@@ -7,12 +7,15 @@
 //! - the kernels' `(sin, cos)` of those turns (`sincos_turns_pair`: f32 arithmetic only, an
 //!   angle table of 256 entries) is an f32 pair within `2^-46` of the exact value of `p f`, its
 //!   leading f32 within `2^-24`; also at every octant boundary of the table and on 20,000
-//!   random angles; and so is the f64 reference within `2^-50`, itself computed at two
-//!   precisions (320 and 256 bits), which must agree to `2^-200`.
+//!   random angles, also after the attention factor (`mul_pair`); and so is the f64 reference
+//!   within `2^-50`, itself computed at two precisions (320 and 256 bits), which must agree to
+//!   `2^-200`.
 
 use astro_float::{BigFloat, Consts, Radix, RoundingMode};
 use rope_cuda::reference::splitmix64;
-use rope_cuda_kernels::math::{angle_table, sincos_turns_pair, turns_at, turns_of, AngleEntry, INV_2PI};
+use rope_cuda_kernels::math::{
+    angle_table, mul_pair, sincos_turns_pair, split_f64, turns_at, turns_of, AngleEntry, INV_2PI,
+};
 
 const P: usize = 320;
 const RM: RoundingMode = RoundingMode::ToEven;
@@ -207,6 +210,31 @@ fn the_reference_agrees_with_itself_at_two_precisions() {
             let (s256, c256) = exact(p, f, 256, &mut cc);
             assert!(diff(&s320, &s256, &mut cc) < 2f64.powi(-200), "sin at {p}, {f}");
             assert!(diff(&c320, &c256, &mut cc) < 2f64.powi(-200), "cos at {p}, {f}");
+        }
+    }
+}
+
+/// The attention factor on an f32 pair (`mul_pair`, as the kernels apply it to each sine and
+/// cosine): within `2^-46` of the exact product of the two pairs, relative to the product.
+#[test]
+fn attention_factor_on_a_pair_keeps_its_precision() {
+    let mut cc = Consts::new().unwrap();
+    let table = angle_table();
+    // No scaling, YaRN's `0.1 ln(s) + 1` for s = 8 and 40, and a factor below one.
+    for a in [1.0, 0.1 * 8f64.ln() + 1.0, 0.1 * 40f64.ln() + 1.0, 0.707_106_781_186_547_6] {
+        let (ah, al) = split_f64(a);
+        let exact_a = big(ah as f64, P).add(&big(al as f64, P), P, RM);
+        for i in 0..2_000u64 {
+            let (s, c) = sincos_turns_pair(splitmix64(0xA77E ^ i), |j| table[j]);
+            for v in [s, c] {
+                let got = mul_pair(v, (ah, al));
+                let want = big(v.0 as f64, P).add(&big(v.1 as f64, P), P, RM).mul(&exact_a, P, RM);
+                let pair = big(got.0 as f64, P).add(&big(got.1 as f64, P), P, RM);
+                let e = diff(&pair, &want, &mut cc);
+                let size = (v.0 as f64 * a).abs();
+                assert!(e <= 2f64.powi(-46) * size + 2f64.powi(-100), "a {a} v {v:?}: off by {e:e}");
+                assert!(got.1.abs() <= got.0.abs() * 2f32.powi(-23), "not renormalised: {got:?}");
+            }
         }
     }
 }

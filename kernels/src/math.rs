@@ -277,16 +277,9 @@ pub fn mul_pair((hi, lo): (f32, f32), (a_hi, a_lo): (f32, f32)) -> (f32, f32) {
 pub fn angle_table() -> [AngleEntry; ANGLE_STEPS] {
     core::array::from_fn(|j| {
         let (s, c) = (j as f64 * core::f64::consts::PI / 1024.0).sin_cos();
-        let ((ch, cl), (sh, sl)) = (split(c), split(s));
+        let ((ch, cl), (sh, sl)) = (split_f64(c), split_f64(s));
         [ch, cl, sh, sl]
     })
-}
-
-/// Splits `v` into `(hi, lo)`: `hi` the f32 nearest `v`, `lo` the f32 nearest `v - hi`.
-#[inline(always)]
-pub fn split(v: f64) -> (f32, f32) {
-    let hi = v as f32;
-    (hi, (v - hi as f64) as f32)
 }
 
 /// `frac(f / 2π)` as [`Turns`], for a frequency `0 <= f < 2^32` (else `None`): the f64 value
