@@ -221,7 +221,7 @@ fn attention_factor_on_a_pair_keeps_its_precision() {
     let mut cc = Consts::new().unwrap();
     let table = angle_table();
     // No scaling, YaRN's `0.1 ln(s) + 1` for s = 8 and 40, and a factor below one.
-    for a in [1.0, 0.1 * 8f64.ln() + 1.0, 0.1 * 40f64.ln() + 1.0, 0.707_106_781_186_547_6] {
+    for a in [1.0, 0.1 * 8f64.ln() + 1.0, 0.1 * 40f64.ln() + 1.0, std::f64::consts::FRAC_1_SQRT_2] {
         let (ah, al) = split_f64(a);
         let exact_a = big(ah as f64, P).add(&big(al as f64, P), P, RM);
         for i in 0..2_000u64 {
