@@ -107,7 +107,7 @@ fn positions() -> Vec<u32> {
 #[test]
 fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
     let mut cc = Consts::new().unwrap();
-    let (mut worst32, mut worst_pair, mut worst_turns) = (0f64, 0f64, 0f64);
+    let (mut worst, mut worst_turns) = ((0f64, 0f64), 0f64);
     let fs = frequencies();
     let table = angle_table();
     for (k, p) in positions().into_iter().enumerate() {
@@ -122,27 +122,35 @@ fn angles_at_every_position_up_to_2_pow_31_match_the_exact_reference() {
             let e = e.min(1.0 - e); // across the wrap
             assert!(e < 2f64.powi(-63), "p {p} f {f}: turns off by {e:e}");
             worst_turns = worst_turns.max(e);
-            let (s, c) = sincos_turns_pair(t, |j| table[j]);
-            for (what, got, want) in [("sin", s, &es), ("cos", c, &ec)] {
-                let (e32, e_pair) = pair_errors(got, want, &mut cc);
-                assert!(e32 <= 2f64.powi(-24), "p {p} f {f} {what}: f32 off by {e32:e}");
-                assert!(e_pair <= 2f64.powi(-46), "p {p} f {f} {what}: pair off by {e_pair:e}");
-                worst32 = worst32.max(e32);
-                worst_pair = worst_pair.max(e_pair);
-            }
+            let got = sincos_turns_pair(t, |j| table[j]);
+            check_sin_cos(got, (&es, &ec), &format!("p {p} f {f}"), &mut worst, &mut cc);
         }
     }
     println!(
-        "worst: turns {worst_turns:e}, f32 {worst32:e} ({:.2} ulp of 1), pair {worst_pair:e} (2^{:.1})",
-        worst32 / 2f64.powi(-24),
-        worst_pair.log2()
+        "worst: turns {worst_turns:e}, f32 {:e} ({:.2} ulp of 1), pair {:e} (2^{:.1})",
+        worst.0,
+        worst.0 / 2f64.powi(-24),
+        worst.1,
+        worst.1.log2()
     );
 }
 
-/// The errors of an f32 pair `(hi, lo)` against `want`: of `hi` alone, and of `hi + lo`.
-fn pair_errors((hi, lo): (f32, f32), want: &BigFloat, cc: &mut Consts) -> (f64, f64) {
-    let pair = big(hi as f64, P).add(&big(lo as f64, P), P, RM);
-    (diff(&big(hi as f64, P), want, cc), diff(&pair, want, cc))
+/// Checks `(sin, cos)` as f32 pairs `(hi, lo)` against the exact values: each `hi` within
+/// `2^-24`, each `hi + lo` within `2^-46`; folds the errors into `worst` (`hi`, pair).
+fn check_sin_cos(
+    (s, c): ((f32, f32), (f32, f32)),
+    (es, ec): (&BigFloat, &BigFloat),
+    at: &str,
+    worst: &mut (f64, f64),
+    cc: &mut Consts,
+) {
+    for (what, (hi, lo), want) in [("sin", s, es), ("cos", c, ec)] {
+        let pair = big(hi as f64, P).add(&big(lo as f64, P), P, RM);
+        let (e32, e_pair) = (diff(&big(hi as f64, P), want, cc), diff(&pair, want, cc));
+        assert!(e32 <= 2f64.powi(-24), "{at} {what}: f32 off by {e32:e}");
+        assert!(e_pair <= 2f64.powi(-46), "{at} {what}: pair off by {e_pair:e}");
+        *worst = (worst.0.max(e32), worst.1.max(e_pair));
+    }
 }
 
 /// `(sin, cos)` of `2π t / 2^64`, exactly (320 bits).
@@ -167,19 +175,12 @@ fn f32_pair_sin_cos_is_within_2_pow_46_everywhere() {
         }
     }
     ts.extend([0, 1, u64::MAX, 1 << 62, (1 << 62) - 1, 1 << 63, 3 << 62]);
-    let (mut worst32, mut worst_pair) = (0f64, 0f64);
+    let mut worst = (0f64, 0f64);
     for t in ts {
-        let (s, c) = sincos_turns_pair(t, |j| table[j]);
         let (es, ec) = exact_of_turns(t, &mut cc);
-        for (what, got, want) in [("sin", s, &es), ("cos", c, &ec)] {
-            let (e32, e_pair) = pair_errors(got, want, &mut cc);
-            assert!(e32 <= 2f64.powi(-24), "t {t:#x} {what}: f32 off by {e32:e}");
-            assert!(e_pair <= 2f64.powi(-46), "t {t:#x} {what}: pair off by {e_pair:e}");
-            worst32 = worst32.max(e32);
-            worst_pair = worst_pair.max(e_pair);
-        }
+        check_sin_cos(sincos_turns_pair(t, |j| table[j]), (&es, &ec), &format!("t {t:#x}"), &mut worst, &mut cc);
     }
-    println!("worst: f32 {:.3} ulp of 1, pair 2^{:.2}", worst32 / 2f64.powi(-24), worst_pair.log2());
+    println!("worst: f32 {:.3} ulp of 1, pair 2^{:.2}", worst.0 / 2f64.powi(-24), worst.1.log2());
 }
 
 /// The f64 reference the other tests use (`rope_cuda::reference::sin_cos`: exact product,
