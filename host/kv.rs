@@ -28,7 +28,7 @@ pub const KV_SCAN_MAX_TOKENS: usize = 256;
 
 /// Calls with at most this many tokens use one head per thread (more threads, shorter
 /// chains: latency); larger calls share each table load across several heads (bandwidth).
-const KV_PREFILL_MAX_TOKENS: usize = 8192;
+const KV_PREFILL_MAX_TOKENS: usize = if option_env!("ROPE_CUDA_KV_NO_PREFILL").is_some() { 0 } else { 8192 };
 
 /// A key cache and a value cache of one layout, written by [`Rope::append_kv`].
 ///
@@ -375,7 +375,9 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         v: heads_view(&args.v, None, size),
         cache: cache_view,
         owners: OwnerView::SCAN,
-        table,
+        // The scanning kernels (few tokens) copy the angle table into shared memory while
+        // the positions load (see `TableView::with_staged`).
+        table: if spec.tables == TableSource::Library { table.with_staged(!claim) } else { table },
         positions,
         errors,
         tokens: tokens as u32,

@@ -425,6 +425,9 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         (true, true) => RopeWidth::Single,
     };
     let g = if width == RopeWidth::Single { 1 } else { g };
+    // Few tokens: the block copies the angle table into shared memory while the positions
+    // load (the one-head kernels only; see `TableView::with_staged`).
+    let params = RopeParams { table: params.table.with_staged(few && g == 1), ..params };
     let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some() };
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };

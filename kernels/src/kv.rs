@@ -4,9 +4,12 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
-use crate::params::{groups, work_item, KvParams};
+use crate::params::{block_rows_bytes, groups, work_item, KvParams};
 use crate::rotate::{BlockRows, Entries, PairRows, Rows, Source, Style, Table};
 use crate::views::{Duplicates, HeadsView, SlotOf};
+
+/// Whether the non-scanning kernels load their first head after the block rows (tuning).
+const KV_LOADS_AFTER_FILL: bool = option_env!("ROPE_CUDA_KV_LOADS_AFTER_FILL").is_some();
 
 /// The launch's table for a token whose block row (library's source) is `row`; KV appends
 /// always rotate forward.
@@ -105,7 +108,7 @@ unsafe fn scan_loads<P: PairRows>(p: &KvParams) -> (Loaded, Loaded) {
 /// Every thread of the block calls it (it holds barriers), with at least
 /// [`KvParams::shared_bytes`] of dynamic shared memory; as [`load_token`].
 #[inline(always)]
-unsafe fn block_scan<P: PairRows>(p: &KvParams, loaded: (Loaded, Loaded)) -> Shared {
+unsafe fn block_scan<P: PairRows, T>(p: &KvParams, loaded: (Loaded, Loaded), between: impl FnOnce() -> T) -> (Shared, T) {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
     // SAFETY: the dynamic shared memory holds `2 * tokens` u64 and the flags after them.
@@ -148,6 +151,7 @@ unsafe fn block_scan<P: PairRows>(p: &KvParams, loaded: (Loaded, Loaded)) -> Sha
     }
     // SAFETY: the caller's contract: every thread of the block is here.
     unsafe { sync_threads() };
+    let between = between();
     let mut j = first + 1 + tid;
     while j < p.tokens {
         // SAFETY: `j < tokens`, and `k < count`: inside the shared arrays.
@@ -165,7 +169,7 @@ unsafe fn block_scan<P: PairRows>(p: &KvParams, loaded: (Loaded, Loaded)) -> Sha
     }
     // SAFETY: as above.
     unsafe { sync_threads() };
-    Shared { first, ..s }
+    (Shared { first, ..s }, between)
 }
 
 /// Where token `t` goes: its position and slot, unless it is skipped (out of range, padding,
@@ -268,7 +272,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
     // SAFETY: the host checked the views against their buffers: a rotating lane's elements
     // lie in the row.
-    let first = if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
+    let load_first = || if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
     // A copying lane's first head is loaded now too: its store then waits on the position,
     // slot and owner only, not on a load issued after them.
     let copy_at = match (rotating, is_k) {
@@ -277,7 +281,11 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         (false, false) => lane * C::E * C::SIZE,
     };
     // SAFETY: a copying lane's elements lie in the row (past the rotary dims for keys).
-    let first_copy = if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
+    let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
+    // The kernels that fill block rows without scanning may load after the rows (a tuning
+    // experiment: the loaded head is then not held in registers across the rows' arithmetic).
+    let late = KV_LOADS_AFTER_FILL && B::BLOCK_ROWS && !shared;
+    let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
@@ -286,38 +294,53 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     // arrays when it scans (see `KvParams::shared_bytes`).
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
     let rows_at = if shared { p.scan_bytes(block_dim().0).next_multiple_of(16) as usize } else { 0 };
-    let fill = || {
-        // SAFETY: the host gives the library's kernels `KvParams::shared_bytes` of shared
-        // memory, the positions buffer holds every token's entry, and the frequencies `half`
-        // pairs; every thread of the block calls this.
-        unsafe {
-            BlockRows::fill::<P>(base.wrapping_add(rows_at) as *mut f32, block_tokens(p), &p.table, &p.positions, |t| {
-                p.seq_div.divmod(t)
-            })
-        }
+    let rows_base = base.wrapping_add(rows_at);
+    // The staged angle table after the rows (see `KvParams::shared_bytes`).
+    let angles_at =
+        rows_base.wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half as u32) as usize);
+    let divmod = |t| p.seq_div.divmod(t);
+    let block = block_tokens(p);
+    // SAFETY: the host gives the library's kernels `KvParams::shared_bytes` of shared memory,
+    // the positions buffer holds every token's entry, and the frequencies `half` pairs; every
+    // thread of the block calls these (none has returned).
+    let start = || unsafe {
+        let start = BlockRows::start::<P>(SCAN, block, &p.table, &p.positions, divmod);
+        BlockRows::stage(SCAN, &start, &p.table, angles_at);
+        start
+    };
+    // SAFETY: as above; after `start`'s stores and a barrier when staged.
+    let fill = |start| unsafe {
+        BlockRows::fill::<P>(SCAN, rows_base as *mut f32, start, block, &p.table, &p.positions, divmod, angles_at)
     };
     let mut block_rows = None;
     let target = if shared {
         // The scan's loads first; then the block's cos and sin (or, from the caller's tables,
-        // the rotating items' entries), which overlap the scan's barriers.
+        // the rotating items' entries), computed between the scan's barriers.
         // SAFETY: the host checked the positions' and slot mapping's lengths.
         let loaded = unsafe { scan_loads::<P>(p) };
-        if B::BLOCK_ROWS {
-            block_rows = Some(fill());
-        } else if item.is_some() && rotating {
-            // SAFETY: `t` is a token of the launch.
-            let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
-            if let Some(pos) = p.positions.check(own) {
-                // SAFETY: the positions view admits only rows of the table; `pos` passed its
-                // check.
-                entries = unsafe {
-                    S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0))
-                };
+        let scan = if B::BLOCK_ROWS {
+            let start = start();
+            // SAFETY: every thread of the block reaches the scan (none has returned), with the
+            // shared memory the host gave the scanning kernels; the staged table's stores go
+            // before its first barrier, the rows are read after its second.
+            let (scan, rows) = unsafe { block_scan::<P, _>(p, loaded, || fill(start)) };
+            block_rows = Some(rows);
+            scan
+        } else {
+            if item.is_some() && rotating {
+                // SAFETY: `t` is a token of the launch.
+                let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
+                if let Some(pos) = p.positions.check(own) {
+                    // SAFETY: the positions view admits only rows of the table; `pos` passed
+                    // its check.
+                    entries = unsafe {
+                        S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0))
+                    };
+                }
             }
-        }
-        // SAFETY: every thread of the block reaches the scan (none has returned), with the
-        // shared memory the host gave the scanning kernels.
-        let scan = unsafe { block_scan::<P>(p, loaded) };
+            // SAFETY: as above.
+            unsafe { block_scan::<P, _>(p, loaded, || ()) }.0
+        };
         if item.is_none() {
             return;
         }
@@ -325,8 +348,13 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         unsafe { shared_target(p, &scan, t, !is_q, report) }
     } else {
         if B::BLOCK_ROWS {
-            block_rows = Some(fill());
-            // SAFETY: every thread of the block is here (none has returned).
+            let start = start();
+            if SCAN && p.table.staged() {
+                // SAFETY: every thread of the block is here (none has returned).
+                unsafe { sync_threads() };
+            }
+            block_rows = Some(fill(start));
+            // SAFETY: as above.
             unsafe { sync_threads() };
         }
         if item.is_none() {
@@ -343,6 +371,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         }
     };
     let Some((pos, n)) = target else { return };
+    let (first, first_copy) = if late { (load_first(), load_copy()) } else { (first, first_copy) };
     // SAFETY: as computed above.
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
     let row = block_rows.map_or(0, |r| r.row(t));

@@ -104,6 +104,15 @@ pub const fn block_rows_bytes(work: u32, block_dim: u32, tokens: u32, half: u32)
     t * 16 * row_stride(half)
 }
 
+/// Shared memory for the angle table when a launch stages it ([`TableView::with_staged`]),
+/// after the block rows.
+pub const ANGLE_BYTES: u32 = 16 * crate::math::ANGLE_STEPS as u32;
+
+/// [`ANGLE_BYTES`] when `table` is staged, else 0.
+fn staged_bytes(table: &TableView) -> u32 {
+    if table.staged() { ANGLE_BYTES } else { 0 }
+}
+
 /// The f32 per cos (and per sin) row of the block rows: `half` rounded up to 4, so that each
 /// row stays 16-byte aligned.
 #[inline(always)]
@@ -226,11 +235,15 @@ impl KvParams {
 
     /// The dynamic shared memory of a launch with blocks of `block_threads`: the scan's
     /// arrays when it scans (`scan`), then, with the library's source (`rows`), the block's
-    /// cos and sin ([`block_rows_bytes`]) from the next 16-byte boundary.
+    /// cos and sin ([`block_rows_bytes`]) from the next 16-byte boundary and the staged angle
+    /// table ([`ANGLE_BYTES`], when staged).
     pub fn shared_bytes(&self, block_threads: u32, scan: bool, rows: bool) -> u32 {
         let at = if scan { self.scan_bytes(block_threads).next_multiple_of(16) } else { 0 };
         let rows = match rows {
-            true => block_rows_bytes(self.items_div.divisor, block_threads, self.tokens, self.table.half()),
+            true => {
+                block_rows_bytes(self.items_div.divisor, block_threads, self.tokens, self.table.half())
+                    + staged_bytes(&self.table)
+            }
             false => 0,
         };
         at + rows
@@ -239,10 +252,11 @@ impl KvParams {
 
 impl RopeParams {
     /// The dynamic shared memory of a launch with blocks of `block_threads` taking `g` heads
-    /// per thread: the block's cos and sin ([`block_rows_bytes`]).
+    /// per thread: the block's cos and sin ([`block_rows_bytes`]), then the staged angle table
+    /// ([`ANGLE_BYTES`], when staged).
     pub fn shared_bytes(&self, block_threads: u32, g: u32) -> u32 {
         let work = (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes);
-        block_rows_bytes(work, block_threads, self.tokens, self.table.half())
+        block_rows_bytes(work, block_threads, self.tokens, self.table.half()) + staged_bytes(&self.table)
     }
 }
 

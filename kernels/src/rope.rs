@@ -3,7 +3,7 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
-use crate::params::{block_tokens, groups, work_item, RopeParams};
+use crate::params::{block_rows_bytes, block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockRows, Computed, PairRows, Rows, Style, Table};
 
 /// Whether the first head's loads go before the block's cos and sin (a tuning experiment).
@@ -78,8 +78,18 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
     // SAFETY: the host gives every launch `block_rows_bytes` of shared memory (16-byte
     // aligned), the positions buffer holds every token's entry, and the frequencies `half`
     // pairs; every thread of the block is here.
+    // Only the one-head kernels (the launches of few tokens) stage the angle table.
+    let stage = G == 1;
     let block_rows = unsafe {
-        let r = BlockRows::fill::<P>(base, block, &p.table, &p.positions, |t| (t / p.seq, t % p.seq));
+        let divmod = |t| (t / p.seq, t % p.seq);
+        let start = BlockRows::start::<P>(stage, block, &p.table, &p.positions, divmod);
+        // The staged angle table after the rows (see `RopeParams::shared_bytes`).
+        let angles_at = (base as *mut u8).wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half) as usize);
+        if stage && p.table.staged() {
+            BlockRows::stage(stage, &start, &p.table, angles_at);
+            sync_threads();
+        }
+        let r = BlockRows::fill::<P>(stage, base, start, block, &p.table, &p.positions, divmod, angles_at);
         sync_threads();
         r
     };

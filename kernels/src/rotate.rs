@@ -5,7 +5,7 @@
 
 use crate::gpu::{block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx, Bits, Elem, Io, Lane};
 use crate::params::row_stride;
-use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at};
+use crate::math::{angle_index, mul_pair, ANGLE_STEPS, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at};
 use crate::views::{PositionsView, TableView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
@@ -253,11 +253,112 @@ pub(crate) struct BlockRows {
     stride: u32,
 }
 
+/// What one thread of a block loads for [`BlockRows::fill`] before it waits on anything: its
+/// first (token, pair) entry and that entry's angle in turns (the position's and the
+/// frequency's loads), and, when the launch stages the angle table, its share of the table.
+const UNIT_OFF: bool = option_env!("ROPE_CUDA_UNIT_OFF").is_some();
+
+pub(crate) struct FillStart {
+    t: u32,
+    i: u32,
+    turns: Option<u64>,
+    angles: [AngleWords; 2],
+}
+
+/// One angle-table entry as loaded ([`crate::math::AngleEntry`]'s bits).
+type AngleWords = [u32; 4];
+
+/// Entry `j` of the angle table at `angles`.
+///
+/// # Safety
+/// `angles` holds [`ANGLE_STEPS`] entries of 16 bytes, 16-byte aligned; `j` is below that.
+#[inline(always)]
+unsafe fn angle_words(angles: u64, j: u32) -> AngleWords {
+    // SAFETY: the caller's contract.
+    unsafe { load_words_nc((angles as *const u32).wrapping_add(4 * j as usize)) }
+}
+
 impl BlockRows {
+    /// Issues this thread's loads for [`BlockRows::fill`] over the block's tokens `first..first
+    /// + count` (see there): the first entry's position and frequency, and, when the kernel
+    /// can stage (`can_stage`, a constant of the kernel: its launches of few tokens) and the view is staged, entries `thread` and `thread + block_dim` of the angle table. The first entry's
+    /// angle waits on the position; call this after the loads that should go first.
+    ///
+    /// # Safety
+    /// As [`BlockRows::fill`].
+    #[inline(always)]
+    pub(crate) unsafe fn start<P: PairRows>(
+        can_stage: bool,
+        (first, count): (u32, u32),
+        view: &TableView,
+        positions: &PositionsView,
+        divmod: impl Fn(u32) -> (u32, u32),
+    ) -> FillStart {
+        let (tid, bd) = (thread_idx().0, block_dim().0);
+        let mut angles = [[0; 4]; 2];
+        if can_stage && view.staged() {
+            // SAFETY: the view's angle table holds `ANGLE_STEPS` entries.
+            unsafe {
+                if tid < ANGLE_STEPS as u32 {
+                    angles[0] = angle_words(view.angles(), tid);
+                }
+                if tid + bd < ANGLE_STEPS as u32 {
+                    angles[1] = angle_words(view.angles(), tid + bd);
+                }
+            }
+        }
+        let (t, i) = view.pair_of(tid);
+        let turns = if t < count {
+            let token = first + t;
+            let (b, s) = divmod(token);
+            // SAFETY: the caller's contract: the token's entries exist.
+            let raw = unsafe { P::load(positions, token, b, s) };
+            positions.check(raw).map(|pos| {
+                // SAFETY: as above; `pos` passed the check; the frequencies hold the pair.
+                unsafe { turns_of_pair(view, P::of(positions, token, pos), i as usize) }
+            })
+        } else {
+            None
+        };
+        FillStart { t, i, turns, angles }
+    }
+
+    /// Stores this thread's share of the staged angle table ([`BlockRows::start`]) at `at`,
+    /// when the view is staged; a barrier follows before [`BlockRows::fill`].
+    ///
+    /// # Safety
+    /// `at` is the block's shared memory of [`crate::params::ANGLE_BYTES`], 16-byte aligned;
+    /// every thread of the block calls it with its own `start`.
+    #[inline(always)]
+    pub(crate) unsafe fn stage(can_stage: bool, start: &FillStart, view: &TableView, at: *mut u8) {
+        if !(can_stage && view.staged()) {
+            return;
+        }
+        let (tid, bd) = (thread_idx().0, block_dim().0);
+        let at = at as *mut AngleWords;
+        // SAFETY: the caller's contract: entries below `ANGLE_STEPS` lie in `at`.
+        unsafe {
+            if tid < ANGLE_STEPS as u32 {
+                at.add(tid as usize).write(start.angles[0]);
+            }
+            if tid + bd < ANGLE_STEPS as u32 {
+                at.add((tid + bd) as usize).write(start.angles[1]);
+            }
+            // Blocks of fewer than half the table's entries: the rest, one at a time.
+            let mut j = tid + 2 * bd;
+            while j < ANGLE_STEPS as u32 {
+                at.add(j as usize).write(angle_words(view.angles(), j));
+                j += bd;
+            }
+        }
+    }
+
     /// Computes the rows of the block's tokens `first..first + count` at `base`: every thread
-    /// of the block takes every `block_dim`-th (token, pair). Tokens whose position fails the
-    /// check are left unwritten (their threads read nothing). `divmod(t)` is token `t`'s
-    /// (batch, sequence index).
+    /// of the block takes every `block_dim`-th (token, pair), from `start` (this thread's
+    /// [`BlockRows::start`]). Tokens whose position fails the check are left unwritten (their
+    /// threads read nothing). `divmod(t)` is token `t`'s (batch, sequence index). With a
+    /// staged view the angle table is read at `angles_at` ([`BlockRows::stage`], then a
+    /// barrier), else from the view's global table.
     ///
     /// Every thread of the block calls it, and a barrier follows before any row is read.
     ///
@@ -267,73 +368,73 @@ impl BlockRows {
     /// positions buffer holds the tokens' entries; the view's frequencies hold `half` pairs.
     #[inline(always)]
     pub(crate) unsafe fn fill<P: PairRows>(
+        can_stage: bool,
         base: *mut f32,
+        start: FillStart,
         (first, count): (u32, u32),
         view: &TableView,
         positions: &PositionsView,
         divmod: impl Fn(u32) -> (u32, u32),
+        angles_at: *const u8,
     ) -> BlockRows {
         let half = view.half();
         let stride = row_stride(half);
-        let (tid, bd) = (thread_idx().0, block_dim().0);
+        let bd = block_dim().0;
         // SAFETY: the host never launches without rotary pairs.
         unsafe { core::hint::assert_unchecked(half != 0) };
-        // Entry `k = token * half + pair`, stepped by `block_dim` without dividing again.
-        let (step_t, step_i) = (bd / half, bd % half);
-        let (mut t, mut i) = (tid / half, tid % half);
+        // Entry `k = token * half + pair`, stepped by `block_dim` without dividing.
+        let (step_t, step_i) = view.pair_of(bd);
+        let FillStart { mut t, mut i, turns, .. } = start;
+        let mut turns = turns;
         let a = view.attention();
-        let angles = view.angles() as *const u32;
+        let unit = view.unit_attention();
         let stride_u = stride as usize;
-        // Up to `BATCH` entries at a time, in phases, so that their loads overlap: positions
-        // and frequencies, then the angle table, then the arithmetic.
-        const BATCH: usize = 1;
+        let (staged, angles, shared_angles) = (can_stage && view.staged(), view.angles(), shared_addr(angles_at as *const f32));
         while t < count {
-            let (mut ts, mut is, mut n) = ([0u32; BATCH], [0u32; BATCH], 0);
-            unrolled(BATCH, |j| {
-                if t < count {
-                    (ts[j], is[j], n) = (t, i, j + 1);
-                    i += step_i;
-                    t += step_t;
-                    if i >= half {
-                        i -= half;
-                        t += 1;
+            if let Some(tj) = turns {
+                let j = angle_index(tj) as u32;
+                // SAFETY: the staged table (or the view's) holds `ANGLE_STEPS` entries of 16
+                // bytes, 16-byte aligned; `angle_index` is below that.
+                let e = unsafe {
+                    match staged {
+                        true => {
+                            let v = load_shared32(shared_angles + 16 * j, 4);
+                            [v[0], v[1], v[2], v[3]]
+                        }
+                        false => angle_words(angles, j).map(f32::from_bits),
                     }
+                };
+                let (mut sn, mut cs) = sincos_turns_pair(tj, |_| e);
+                if !unit || UNIT_OFF {
+                    (cs, sn) = (mul_pair(cs, a), mul_pair(sn, a));
                 }
-            });
-            let mut turns = [None::<u64>; BATCH];
-            unrolled(n, |j| {
-                let token = first + ts[j];
+                let row = base.wrapping_add((4 * t * stride) as usize);
+                let i = i as usize;
+                // SAFETY: `t < count`: the row is inside the shared memory.
+                unsafe {
+                    row.add(i).write(cs.0);
+                    row.add(stride_u + i).write(sn.0);
+                    row.add(2 * stride_u + i).write(cs.1);
+                    row.add(3 * stride_u + i).write(sn.1);
+                }
+            }
+            i += step_i;
+            t += step_t;
+            if i >= half {
+                i -= half;
+                t += 1;
+            }
+            turns = None;
+            if t < count {
+                let token = first + t;
                 let (b, s) = divmod(token);
                 // SAFETY: the caller's contract: the token's entries exist.
                 let raw = unsafe { P::load(positions, token, b, s) };
-                turns[j] = positions.check(raw).map(|pos| {
+                turns = positions.check(raw).map(|pos| {
                     // SAFETY: as above; `pos` passed the check; the frequencies hold the pair.
-                    unsafe { turns_of_pair(view, P::of(positions, token, pos), is[j] as usize) }
+                    unsafe { turns_of_pair(view, P::of(positions, token, pos), i as usize) }
                 });
-            });
-            let mut entries = [[0.0f32; 4]; BATCH];
-            unrolled(n, |j| {
-                if let Some(tj) = turns[j] {
-                    // SAFETY: the angle table holds `ANGLE_STEPS` entries of 16 bytes, 16-byte
-                    // aligned; `angle_index` is below that.
-                    entries[j] = unsafe { load_words_nc(angles.wrapping_add(4 * angle_index(tj))) }.map(f32::from_bits);
-                }
-            });
-            unrolled(n, |j| {
-                if let Some(tj) = turns[j] {
-                    let (sn, cs) = sincos_turns_pair(tj, |_| entries[j]);
-                    let (cs, sn) = (mul_pair(cs, a), mul_pair(sn, a));
-                    let row = base.wrapping_add((4 * ts[j] * stride) as usize);
-                    let i = is[j] as usize;
-                    // SAFETY: `ts[j] < count`: the row is inside the shared memory.
-                    unsafe {
-                        row.add(i).write(cs.0);
-                        row.add(stride_u + i).write(sn.0);
-                        row.add(2 * stride_u + i).write(cs.1);
-                        row.add(3 * stride_u + i).write(sn.1);
-                    }
-                }
-            });
+            }
         }
         BlockRows { base, first, stride }
     }

@@ -85,6 +85,11 @@ impl MropeBands {
     }
 }
 
+/// [`TableView::computed`]'s fourth word: the angle table is staged in shared memory.
+const STAGED: u64 = 1 << 32;
+/// [`TableView::computed`]'s fourth word: the attention factor is 1.
+const UNIT_ATTENTION: u64 = 1 << 33;
+
 impl TableView {
     /// A table of `half` pairs per row at `[cos, sin, cos_lo, sin_lo]` (the residual
     /// addresses are not read by kernels that take the caller's tables).
@@ -98,11 +103,48 @@ impl TableView {
     /// ([`crate::math::AngleEntry`] each, [`crate::math::ANGLE_STEPS`] of them), and the
     /// attention factor both cos and sin are multiplied by, as an f32 pair. Positions are then
     /// limited by the launch's [`PositionsView`] only.
+    ///
+    /// The fourth word holds `ceil(2^31 / half)` (for [`TableView::pair_of`]) and the flags
+    /// [`TableView::unit_attention`] and [`TableView::staged`].
     pub fn computed(freqs: u64, angles: u64, half: u32, attention: f64) -> Self {
         let hi = attention as f32;
         let lo = (attention - hi as f64) as f32;
-        let words = [freqs, angles, hi.to_bits() as u64 | (lo.to_bits() as u64) << 32, 0];
+        let recip = (1u64 << 31).div_ceil(half.max(1) as u64);
+        let unit = if attention == 1.0 { UNIT_ATTENTION } else { 0 };
+        let words = [freqs, angles, hi.to_bits() as u64 | (lo.to_bits() as u64) << 32, recip | unit];
         TableView::new(words, half)
+    }
+
+    /// The same source with the angle table copied into each block's shared memory before
+    /// the block's cos and sin are computed (`on`): its loads then overlap the positions'
+    /// instead of following them, for launches of few tokens, where that chain is the
+    /// kernel's length (the host adds [`crate::params::ANGLE_BYTES`] of shared memory).
+    pub fn with_staged(mut self, on: bool) -> Self {
+        self.sin_lo = if on { self.sin_lo | STAGED } else { self.sin_lo & !STAGED };
+        self
+    }
+
+    /// Whether the angle table is staged in shared memory ([`TableView::with_staged`]).
+    #[inline(always)]
+    pub fn staged(&self) -> bool {
+        self.sin_lo & STAGED != 0
+    }
+
+    /// Whether the attention factor is exactly 1 (the computed cos and sin are then used as
+    /// they are).
+    #[inline(always)]
+    pub fn unit_attention(&self) -> bool {
+        self.sin_lo & UNIT_ATTENTION != 0
+    }
+
+    /// `(k / half, k % half)` for `k * half < 2^31`, by one multiply: with `m =
+    /// ceil(2^31 / half) = (2^31 + e) / half`, `e < half`, `k * m / 2^31` exceeds `k / half`
+    /// by `k * e / (half * 2^31) < 1 / half`, less than the distance from `k / half` to the
+    /// next integer.
+    #[inline(always)]
+    pub fn pair_of(&self, k: u32) -> (u32, u32) {
+        let t = ((k as u64 * (self.sin_lo as u32) as u64) >> 31) as u32;
+        (t, k - t * self.half)
     }
 
     /// The frequencies' address ([`TableView::computed`]).
@@ -695,6 +737,30 @@ impl OwnerView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pair_of_divides_exactly() {
+        // Every half a rotary dim can have, every k the kernels step through (k * half < 2^31,
+        // sampled densely near each multiple of half), and the flags beside the reciprocal.
+        for half in 1..=4096u32 {
+            for attention in [1.0, 0.5] {
+                let v = TableView::computed(0, 0, half, attention).with_staged(half % 2 == 0);
+                assert_eq!(v.staged(), half % 2 == 0);
+                assert_eq!(v.unit_attention(), attention == 1.0);
+                let limit = (1u64 << 31) / half as u64;
+                let check = |k: u32| assert_eq!(v.pair_of(k), (k / half, k % half), "half {half} k {k}");
+                for k in (0..4096.min(limit as u32)).chain([(limit - 1) as u32]) {
+                    check(k);
+                }
+                for m in [1u64, 2, 3, 1000, limit / half as u64].into_iter().filter(|&m| m * half as u64 + 1 < limit) {
+                    let at = (m * half as u64) as u32;
+                    check(at - 1);
+                    check(at);
+                    check(at + 1);
+                }
+            }
+        }
+    }
 
     #[test]
     fn positions_decode_each_kind_and_check_the_range() {
