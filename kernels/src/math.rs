@@ -148,17 +148,20 @@ fn octant(t: u64) -> (u32, u64) {
     (o, if o & 1 == 1 { !u } else { u })
 }
 
-/// `(sin θ, cos θ)` from `(sin x, cos x)` of the reduced angle of octant `o` ([`octant`]).
+/// `(sin θ, cos θ)` from `(sin x, cos x)` of the reduced angle of octant `o` ([`octant`]), as
+/// f32 pairs. Within the quadrant `q = o / 2`, odd octants measure from the quadrant's end (a
+/// swap); then quadrant `q` maps `(s, c)` to `(s, c)`, `(c, -s)`, `(-s, -c)`, `(-c, s)`: a swap
+/// when `q` is odd and sign flips, all by selects and sign bits (no branch: the lanes of a warp
+/// take different octants).
 #[inline(always)]
-fn unfold<T: core::ops::Neg<Output = T>>(o: u32, s: T, c: T) -> (T, T) {
-    // Within the quadrant: odd octants measure from the quadrant's end.
-    let (s, c) = if o & 1 == 1 { (c, s) } else { (s, c) };
-    match (o >> 1) & 3 {
-        0 => (s, c),
-        1 => (c, -s),
-        2 => (-s, -c),
-        _ => (-c, s),
-    }
+fn unfold(o: u32, s: (f32, f32), c: (f32, f32)) -> ((f32, f32), (f32, f32)) {
+    let q = o >> 1;
+    let (s, c) = if (o ^ q) & 1 == 1 { (c, s) } else { (s, c) };
+    let (s_neg, c_neg) = ((q >> 1) & 1, (q ^ (q >> 1)) & 1);
+    let flip = |v: (f32, f32), neg: u32| {
+        (f32::from_bits(v.0.to_bits() ^ (neg << 31)), f32::from_bits(v.1.to_bits() ^ (neg << 31)))
+    };
+    (flip(s, s_neg), flip(c, c_neg))
 }
 
 /// `a + b` as `(s, e)`: `s` the rounded sum, `e` its exact error (Knuth's two-sum).
@@ -246,20 +249,7 @@ pub fn sincos_turns_pair(t: u64, entry: impl Fn(usize) -> AngleEntry) -> ((f32, 
         let small = sal + (fma(sah, dl, fma(sal, dh, cah * sb_lo)) + cal * bh);
         fast_two_sum(h, ((eh + eh2) + (e1 + e2)) + small)
     };
-    let (s, c) = unfold(o, Pair(sin.0, sin.1), Pair(cos.0, cos.1));
-    ((s.0, s.1), (c.0, c.1))
-}
-
-/// An f32 pair `hi + lo`, negated as a whole (for [`unfold`]).
-#[derive(Clone, Copy)]
-struct Pair(f32, f32);
-
-impl core::ops::Neg for Pair {
-    type Output = Pair;
-    #[inline(always)]
-    fn neg(self) -> Pair {
-        Pair(-self.0, -self.1)
-    }
+    unfold(o, sin, cos)
 }
 
 /// `(hi, lo) * (a_hi, a_lo)` as an f32 pair (the attention factor on a [`sincos_turns_pair`]

@@ -310,7 +310,8 @@ impl BlockRows {
         let (t, i) = view.pair_of(tid);
         let turns = if t < count {
             let token = first + t;
-            let (b, s) = divmod(token);
+            // The (batch, sequence index) only where the position needs it.
+            let (b, s) = if positions.kind().by_sequence() { divmod(token) } else { (0, 0) };
             // SAFETY: the caller's contract: the token's entries exist.
             let raw = unsafe { P::load(positions, token, b, s) };
             positions.check(raw).map(|pos| {
@@ -427,7 +428,8 @@ impl BlockRows {
             turns = None;
             if t < count {
                 let token = first + t;
-                let (b, s) = divmod(token);
+                // The (batch, sequence index) only where the position needs it.
+            let (b, s) = if positions.kind().by_sequence() { divmod(token) } else { (0, 0) };
                 // SAFETY: the caller's contract: the token's entries exist.
                 let raw = unsafe { P::load(positions, token, b, s) };
                 turns = positions.check(raw).map(|pos| {

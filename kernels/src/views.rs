@@ -254,6 +254,13 @@ impl PositionKind {
         }
     }
 
+    /// Whether a token's position depends on its (batch, sequence index) rather than on the
+    /// token index alone (offsets, sequential).
+    #[inline(always)]
+    pub fn by_sequence(self) -> bool {
+        matches!(self, PositionKind::OffsetsI32 | PositionKind::OffsetsI64 | PositionKind::Sequential)
+    }
+
     /// Whether the kind holds three position streams per token (MRoPE).
     pub fn is_streams(self) -> bool {
         matches!(self, PositionKind::StreamsI32 | PositionKind::StreamsI64)
