@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::scaling::RopeScaling;
+use rope_cuda_kernels::keys::TableSource;
 pub use rope_cuda_kernels::keys::{DType, RopeStyle};
 pub use rope_cuda_kernels::views::MropeBands;
 
@@ -81,6 +82,27 @@ pub enum HeadGrouping {
     Several,
 }
 
+/// Where the kernels take cos and sin from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CosSin {
+    /// [`CosSin::Computed`] where a table would be large (over [`AUTO_TABLE_BYTES`]) or for
+    /// multimodal RoPE (faster computed); [`CosSin::Table`] otherwise.
+    #[default]
+    Auto,
+    /// f32 tables of `max_position` rows (16 bytes per position and pair, with the residuals
+    /// of the exact path), built on the host in f64 when the `Rope` is made. Fastest for the
+    /// decode step, f32, GPT-J and the fused append (BENCHMARKS.md).
+    Table,
+    /// Computed in the kernels from each pair's frequency (`rotary_dim / 2 * 16 + 4096` bytes
+    /// whatever `max_position` is; no build time). Same accuracy contract at every position up
+    /// to 2^31 - 1.
+    Computed,
+}
+
+/// [`CosSin::Auto`]'s limit: tables larger than this (bytes) are not built. 64 MiB: 65,536
+/// positions of head_dim 128.
+pub const AUTO_TABLE_BYTES: usize = 64 << 20;
+
 /// Rotate by `+theta` (the forward embedding) or by `-theta` (its inverse: the backward pass,
 /// or moving cached keys to earlier positions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -131,6 +153,8 @@ pub struct RopeConfig {
     /// Multimodal RoPE: positions come as three streams ([`Positions::StreamsI32`](crate::Positions::StreamsI32),
     /// [`Positions::StreamsI64`](crate::Positions::StreamsI64)), each pair turning by one of them.
     pub mrope: Option<Mrope>,
+    /// Where the kernels take cos and sin from.
+    pub cos_sin: CosSin,
 }
 
 impl RopeConfig {
@@ -151,6 +175,24 @@ impl RopeConfig {
             seq_len: None,
             grouping: HeadGrouping::Auto,
             mrope: None,
+            cos_sin: CosSin::Auto,
+        }
+    }
+
+    /// Sets where the kernels take cos and sin from.
+    pub fn cos_sin(mut self, cos_sin: CosSin) -> Self {
+        self.cos_sin = cos_sin;
+        self
+    }
+
+    /// The kernels' source of cos and sin: [`CosSin::Auto`] resolved for this configuration.
+    pub fn source(&self) -> TableSource {
+        let table_bytes = (self.max_position as u128) * (self.rotary_dim as u128 / 2) * 16;
+        match self.cos_sin {
+            CosSin::Table => TableSource::Table,
+            CosSin::Computed => TableSource::Computed,
+            CosSin::Auto if self.mrope.is_some() || table_bytes > AUTO_TABLE_BYTES as u128 => TableSource::Computed,
+            CosSin::Auto => TableSource::Table,
         }
     }
 

@@ -180,7 +180,7 @@ pub(crate) struct KvSpec {
 }
 
 impl KvSpec {
-    /// A [`Rope`]'s: its configuration, the library's tables.
+    /// A [`Rope`]'s: its configuration, and the library's cos and sin as it says.
     pub fn of(config: &RopeConfig) -> Self {
         KvSpec {
             dtype: config.dtype,
@@ -188,7 +188,7 @@ impl KvSpec {
             head_dim: config.head_dim,
             rotary_dim: config.rotary_dim,
             max_position: config.max_position,
-            tables: TableSource::Library,
+            tables: config.source(),
             mrope: config.mrope,
         }
     }
@@ -234,7 +234,7 @@ impl KvPlan {
             // SAFETY: `plan_kv` checked the positions' and slots' lengths.
             unsafe { owners.claim(&core.kernels, &mut p, stream) }?;
         }
-        let shared = p.shared_bytes(self.geometry.block.0, !self.claim, self.key.tables == TableSource::Library);
+        let shared = p.shared_bytes(self.geometry.block.0, !self.claim, self.key.tables == TableSource::Computed);
         // SAFETY: `plan_kv` checked every view and both caches against their buffers,
         // overlaps, alignment for the width, and the positions' and slots' lengths; the
         // tables, records and owner array belong to the caller; scanning kernels get their
@@ -346,7 +346,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         false => KvWidth::Scalar,
         true if !claim => KvWidth::Decode,
         // The caller's tables come in `_v_t` kernels only, one head per thread like `_p`.
-        true if tokens <= KV_PREFILL_MAX_TOKENS && spec.tables == TableSource::Library => KvWidth::Prefill,
+        true if tokens <= KV_PREFILL_MAX_TOKENS && spec.tables != TableSource::Caller => KvWidth::Prefill,
         true => KvWidth::Vector,
     };
     // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
@@ -377,7 +377,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         owners: OwnerView::SCAN,
         // The scanning kernels (few tokens) copy the angle table into shared memory while
         // the positions load (see `TableView::with_staged`).
-        table: if spec.tables == TableSource::Library { table.with_staged(!claim) } else { table },
+        table: if spec.tables == TableSource::Computed { table.with_staged(!claim) } else { table },
         positions,
         errors,
         tokens: tokens as u32,
@@ -423,7 +423,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
 /// ```
 pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
     config.validate()?;
-    let table = detached_table(config.rotary_dim);
+    let table = detached_table(config.rotary_dim, config.source());
     plan_kv(&KvSpec::of(config), args, table, ErrorSink::default()).map(|_| ())
 }
 
@@ -535,7 +535,7 @@ mod tests {
 
     /// [`super::plan_kv`] without tables or records, as [`validate_append`] plans.
     fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>> {
-        super::plan_kv(spec, args, detached_table(spec.rotary_dim), ErrorSink::default())
+        super::plan_kv(spec, args, detached_table(spec.rotary_dim, spec.tables), ErrorSink::default())
     }
 
     const BASE: u64 = 1 << 28;
@@ -721,22 +721,18 @@ mod tests {
         use rope_cuda_kernels::keys::{RopeKey, RopeWidth};
         for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
-                for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                    let key = RopeKey { style, dtype, width, mrope: false };
-                    assert!(key.entry_point().is_some(), "{key:?}");
-                }
-                for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
-                    let key = KvKey { style, dtype, width, tables: TableSource::Library, mrope: false };
-                    assert!(key.entry_point().is_some(), "{key:?}");
-                }
-                // MRoPE: every width but the caller's tables.
-                for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                    let key = RopeKey { style, dtype, width, mrope: true };
-                    assert!(key.entry_point().is_some(), "{key:?}");
-                }
-                for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
-                    let key = KvKey { style, dtype, width, tables: TableSource::Library, mrope: true };
-                    assert!(key.entry_point().is_some(), "{key:?}");
+                // Both of the library's sources, with and without MRoPE, at every width.
+                for source in [TableSource::Table, TableSource::Computed] {
+                    for mrope in [false, true] {
+                        for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
+                            let key = RopeKey { style, dtype, width, mrope, source };
+                            assert!(key.entry_point().is_some(), "{key:?}");
+                        }
+                        for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
+                            let key = KvKey { style, dtype, width, tables: source, mrope };
+                            assert!(key.entry_point().is_some(), "{key:?}");
+                        }
+                    }
                 }
             }
         }

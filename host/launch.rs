@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
-use rope_cuda_kernels::keys::RopeStyle;
+use rope_cuda_kernels::keys::{RopeStyle, TableSource};
 use rope_cuda_kernels::views::{HeadsView, PositionKind, PositionsView, TableView};
 
 use crate::error::{driver, Error, Result};
@@ -164,9 +164,13 @@ pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize)
     }
 }
 
-/// A table view without addresses, for planning a launch without a GPU (`validate`, tests).
-pub(crate) fn detached_table(rotary_dim: usize) -> TableView {
-    TableView::computed(0, 0, (rotary_dim / 2) as u32, 1.0)
+/// A table view without addresses, for planning a launch without a GPU (`validate`, tests):
+/// of the library's table, or of computed cos and sin.
+pub(crate) fn detached_table(rotary_dim: usize, source: TableSource) -> TableView {
+    match source {
+        TableSource::Computed => TableView::computed(0, 0, (rotary_dim / 2) as u32, 1.0),
+        _ => TableView::new([0; 4], (rotary_dim / 2) as u32),
+    }
 }
 
 /// The kernels' view of `input` (and `output`, where the kernel writes through the view).

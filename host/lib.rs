@@ -92,7 +92,9 @@ mod scaling;
 mod table;
 mod tensor;
 
-pub use config::{DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, MAX_POSITION_LIMIT};
+pub use config::{
+    CosSin, DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, AUTO_TABLE_BYTES, MAX_POSITION_LIMIT,
+};
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
 pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};

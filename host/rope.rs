@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cust::stream::Stream;
 use cust::sys as cuda;
-use rope_cuda_kernels::keys::{RopeKey, RopeWidth};
+use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
 use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
 use rope_cuda_kernels::views::{ErrorSink, TableView};
 
@@ -295,7 +295,7 @@ impl Rope {
 /// ```
 pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     config.validate()?;
-    let table = detached_table(config.rotary_dim);
+    let table = detached_table(config.rotary_dim, config.source());
     plan(config, args, table, ErrorSink::default()).map(|_| ())
 }
 
@@ -405,7 +405,9 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         },
         chunk: 0,
     };
-    let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size);
+    let source = config.source();
+    let computed = source == TableSource::Computed;
+    let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size, computed);
     // In place with several heads per thread, heads whose rows share 128-byte lines run far
     // slower (the H200, Phi-3's head_dim 96 in bf16: 20.7% of copy bandwidth against 75% with
     // one head per thread; the same heads out of place: 87.6%), so those take one head each.
@@ -427,11 +429,12 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     let g = if width == RopeWidth::Single { 1 } else { g };
     // Few tokens: the block copies the angle table into shared memory while the positions
     // load (the one-head kernels only; see `TableView::with_staged`).
-    let params = RopeParams { table: params.table.with_staged(few && g == 1), ..params };
-    let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some() };
+    let params = RopeParams { table: if computed { params.table.with_staged(few && g == 1) } else { params.table }, ..params };
+    let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some(), source };
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
-        Plan { key, params, shared: params.shared_bytes(geometry.block.0, g), geometry }
+        let shared = if computed { params.shared_bytes(geometry.block.0, g) } else { 0 };
+        Plan { key, params, shared, geometry }
     }))
 }
 
@@ -457,7 +460,7 @@ mod tests {
 
     /// [`super::plan`] without a table or records, as [`validate`] plans.
     fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> {
-        super::plan(config, args, detached_table(config.rotary_dim), ErrorSink::default())
+        super::plan(config, args, detached_table(config.rotary_dim, config.source()), ErrorSink::default())
     }
 
     const BASE: u64 = 1 << 20;
@@ -534,13 +537,13 @@ mod tests {
         let p = plan(&config, &args).unwrap().unwrap();
         assert_eq!(p.key.width, RopeWidth::Single);
         assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
-        assert!(p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2)) < FEW_THREADS);
+        assert!(p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2, false)) < FEW_THREADS);
         args.q_out = Some(tensor(4 << 36, args.q.layout));
         args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
         assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Single);
         // Where the measured count is one head (f32 NeoX), its `_v` kernel stays.
         let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::F32, 32);
-        let want = if heads_per_thread(true, true, 4) == 1 { RopeWidth::Vector } else { RopeWidth::Single };
+        let want = if heads_per_thread(true, true, 4, false) == 1 { RopeWidth::Vector } else { RopeWidth::Single };
         assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, want);
         // Enough tokens to fill the GPU at several heads a thread: the vector kernel.
         let (config, args) = args_tokens(RopeConfig::new(128, 4096), DType::BF16, 512);
@@ -551,7 +554,7 @@ mod tests {
         let (config, args) = args_tokens(RopeConfig::new(96, 4096).grouping(HeadGrouping::Several), DType::BF16, 32);
         let p = plan(&config, &args).unwrap().unwrap();
         assert_eq!(p.key.width, RopeWidth::Vector, "few tokens, in place on rows sharing lines");
-        assert_eq!(p.geometry, geometry(&p.params, heads_per_thread(true, true, 2)).unwrap().unwrap().0);
+        assert_eq!(p.geometry, geometry(&p.params, heads_per_thread(true, true, 2, false)).unwrap().unwrap().0);
     }
 
     #[test]

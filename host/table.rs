@@ -2,6 +2,7 @@
 //! the host ([`HostTable`]: angles formed in f64, stored in f32) for callers who want one.
 
 use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, ANGLE_STEPS};
+use rope_cuda_kernels::keys::TableSource;
 use rope_cuda_kernels::views::TableView;
 
 use crate::alloc::DeviceAlloc;
@@ -107,30 +108,46 @@ pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [
     })
 }
 
-/// What the kernels compute cos and sin from: each pair's frequency as exact turns per
-/// position ([`rope_cuda_kernels::math::Turns`], from the f64 `inv_freq` after scaling and a
-/// 256-bit `1 / 2π`), 16 bytes a pair, the angle table of 256 steps of an octant (4 KiB), and
-/// the attention factor. No cos/sin table: its size is `rotary_dim / 2 * 16 + 4096` bytes
-/// whatever `max_position` is, which only limits the positions a launch accepts.
+/// Where the kernels take cos and sin from, on the device: a cos/sin table of `max_position`
+/// rows ([`TableSource::Table`]: [`HostTable`] uploaded, `max_position * rotary_dim / 2 * 16`
+/// bytes), or ([`TableSource::Computed`]) each pair's frequency as exact turns per position
+/// ([`rope_cuda_kernels::math::Turns`], from the f64 `inv_freq` after scaling and a 256-bit
+/// `1 / 2π`), 16 bytes a pair, and the angle table of 256 steps of an octant (4 KiB):
+/// `rotary_dim / 2 * 16 + 4096` bytes whatever `max_position` is, which then only limits the
+/// positions a launch accepts.
 #[derive(Debug)]
 pub struct RopeTable {
     rotary_dim: usize,
     base: f64,
     attention: f64,
     max_position: usize,
-    freqs: DeviceAlloc<u32>,
+    storage: Storage,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Table { cos: DeviceAlloc<f32>, sin: DeviceAlloc<f32>, cos_lo: DeviceAlloc<f32>, sin_lo: DeviceAlloc<f32> },
+    Computed { freqs: DeviceAlloc<u32> },
 }
 
 impl RopeTable {
-    /// The kernels' view of the frequencies.
+    /// The kernels' view of the table or the frequencies.
     pub(crate) fn view(&self) -> TableView {
         let half = self.rotary_dim / 2;
-        let angles = self.freqs.address() + 16 * half as u64;
-        TableView::computed(self.freqs.address(), angles, half as u32, self.attention)
+        match &self.storage {
+            Storage::Table { cos, sin, cos_lo, sin_lo } => {
+                TableView::new([cos, sin, cos_lo, sin_lo].map(|b| b.address()), half as u32)
+            }
+            Storage::Computed { freqs } => {
+                let angles = freqs.address() + 16 * half as u64;
+                TableView::computed(freqs.address(), angles, half as u32, self.attention)
+            }
+        }
     }
 
-    /// Plain RoPE's frequencies (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device,
-    /// in the current context.
+    /// Plain RoPE (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device, in the current
+    /// context, from the source [`CosSin::Auto`] picks (a table up to
+    /// [`crate::AUTO_TABLE_BYTES`]).
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -138,38 +155,58 @@ impl RopeTable {
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// let table = rope_cuda::RopeTable::new(128, 500_000.0, 8192)?;
     /// assert_eq!((table.rotary_dim(), table.max_position(), table.attention_factor()), (128, 8192, 1.0));
-    /// assert_eq!(table.device_bytes(), 64 * 16 + 4096);
+    /// assert_eq!(table.device_bytes(), 8192 * 64 * 16); // a table
+    /// let long = rope_cuda::RopeTable::new(128, 500_000.0, 1 << 20)?;
+    /// assert_eq!(long.device_bytes(), 64 * 16 + 4096); // computed
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(rotary_dim: usize, base: f64, max_position: usize) -> Result<Self> {
-        check_table_args(rotary_dim, base, max_position)?;
-        let freqs: Vec<f64> = (0..rotary_dim / 2).map(|i| inv_freq(base, rotary_dim, i)).collect();
-        Self::upload(&freqs, rotary_dim, base, 1.0, max_position)
+        Self::from_config(&RopeConfig::new(rotary_dim, max_position).base(base))
     }
 
     /// `config`'s frequencies (its scaling included, see [`RopeConfig::frequencies`]) and
-    /// attention factor, on the device in the current context.
+    /// attention factor, on the device in the current context, as `config.cos_sin` says.
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
-    /// use rope_cuda::{RopeConfig, RopeScaling, RopeTable};
+    /// use rope_cuda::{CosSin, RopeConfig, RopeScaling, RopeTable};
     /// let config = RopeConfig::new(64, 1024).scaling(RopeScaling::Linear { factor: 4.0 });
-    /// let table = RopeTable::from_config(&config)?;
-    /// assert_eq!(table.max_position(), 1024);
+    /// let table = RopeTable::from_config(&config.clone().cos_sin(CosSin::Computed))?;
+    /// assert_eq!((table.max_position(), table.device_bytes()), (1024, 32 * 16 + 4096));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn from_config(config: &RopeConfig) -> Result<Self> {
         let (freqs, attention) = config.frequencies()?;
         check_table_args(config.rotary_dim, config.base, config.max_position)?;
-        Self::upload(&freqs, config.rotary_dim, config.base, attention, config.max_position)
+        let storage = match config.source() {
+            TableSource::Computed => {
+                let mut words = turn_words(&freqs)?;
+                words.extend(angle_table().iter().flatten().map(|v| v.to_bits()));
+                Storage::Computed { freqs: DeviceAlloc::from_slice(&words)? }
+            }
+            _ => {
+                let host = HostTable::from_frequencies(&freqs, attention, config.max_position)?;
+                Storage::Table {
+                    cos: DeviceAlloc::from_slice(&host.cos)?,
+                    sin: DeviceAlloc::from_slice(&host.sin)?,
+                    cos_lo: DeviceAlloc::from_slice(&host.cos_lo)?,
+                    sin_lo: DeviceAlloc::from_slice(&host.sin_lo)?,
+                }
+            }
+        };
+        let (rotary_dim, base, max_position) = (config.rotary_dim, config.base, config.max_position);
+        Ok(RopeTable { rotary_dim, base, attention, max_position, storage })
     }
 
-    fn upload(freqs: &[f64], rotary_dim: usize, base: f64, attention: f64, max_position: usize) -> Result<Self> {
-        let mut words = turn_words(freqs)?;
-        words.extend(angle_table().iter().flatten().map(|v| v.to_bits()));
-        Ok(RopeTable { rotary_dim, base, attention, max_position, freqs: DeviceAlloc::from_slice(&words)? })
+    /// Where the kernels take cos and sin from: [`TableSource::Table`] or
+    /// [`TableSource::Computed`].
+    pub fn source(&self) -> TableSource {
+        match self.storage {
+            Storage::Table { .. } => TableSource::Table,
+            Storage::Computed { .. } => TableSource::Computed,
+        }
     }
 
     /// The factor both cos and sin are multiplied by (1 without scaling).
@@ -187,15 +224,19 @@ impl RopeTable {
         self.base
     }
 
-    /// Valid positions are `0..max_position`: a limit the launches check, not a size.
+    /// Valid positions are `0..max_position` (the table's rows, or, computed, a limit the
+    /// launches check).
     pub fn max_position(&self) -> usize {
         self.max_position
     }
 
-    /// Device memory held: 16 bytes per pair, and the 4 KiB angle table
-    /// ([`rope_cuda_kernels::math::angle_table`]).
+    /// Device memory held: a table's 16 bytes per position and pair, or 16 bytes per pair and
+    /// the 4 KiB angle table ([`rope_cuda_kernels::math::angle_table`]).
     pub fn device_bytes(&self) -> usize {
-        self.rotary_dim / 2 * 16 + ANGLE_STEPS * 16
+        match self.storage {
+            Storage::Table { .. } => self.max_position * self.rotary_dim / 2 * 16,
+            Storage::Computed { .. } => self.rotary_dim / 2 * 16 + ANGLE_STEPS * 16,
+        }
     }
 }
 

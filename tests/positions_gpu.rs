@@ -12,7 +12,7 @@ use common::{data_file, download_t, gpu, upload_t, Gpu, TestElem};
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row_freqs, sin_cos, splitmix64, uniform_vec};
 use rope_cuda::{
-    DType, Direction, KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    CosSin, DType, Direction, KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
     MAX_POSITION_LIMIT,
 };
 
@@ -31,22 +31,25 @@ fn configs() -> Vec<(&'static str, RopeConfig)> {
         .iter()
         .map(|&(name, file)| {
             let json = String::from_utf8(data_file(&format!("configs/{file}"))).unwrap();
-            let mut c = RopeConfig::from_hf_config(&json).unwrap();
+            let mut c = RopeConfig::from_hf_config(&json).unwrap().cos_sin(CosSin::Computed);
             c.max_position = MAX_POSITION_LIMIT;
             (name, c)
         })
         .collect();
     let json = String::from_utf8(data_file("configs/per-layer.json")).unwrap();
-    let mut c = RopeConfig::from_hf_config_layer(&json, "full_attention").unwrap();
+    let mut c = RopeConfig::from_hf_config_layer(&json, "full_attention").unwrap().cos_sin(CosSin::Computed);
     c.max_position = MAX_POSITION_LIMIT;
     out.push(("proportional", c));
     out
 }
 
-/// The positions the issue names, and random ones up to the limit.
-fn positions(seed: u64, n: usize) -> Vec<i64> {
+/// The positions the issue names, and random ones up to the limit; below `max_position`
+/// only (the largest first) where the configuration's is smaller.
+fn positions(seed: u64, n: usize, max_position: usize) -> Vec<i64> {
     let mut p = vec![0, 1 << 20, 1 << 24, 1 << 28, (1 << 31) - 1, (1 << 31) - 2, (1 << 28) + 1];
-    p.extend((p.len()..n).map(|i| (splitmix64(seed ^ i as u64) % (1u64 << 31)) as i64));
+    p.retain(|&v| v < max_position as i64);
+    p.push(max_position as i64 - 1);
+    p.extend((p.len()..n).map(|i| (splitmix64(seed ^ i as u64) % max_position as u64) as i64));
     p.truncate(n);
     p
 }
@@ -96,12 +99,21 @@ fn check_rows<T: TestElem>(what: &str, config: &RopeConfig, x: &[T], got: &[T], 
     }
 }
 
-fn rope_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, name: &str, config: &RopeConfig, seed: u64) {
-    let (tokens, heads) = (24, 4);
+/// RoPE of `tokens x 4` heads in each style, checked against the reference; returns the
+/// outputs (NeoX, GPT-J).
+fn rope_case<T: TestElem + cust::memory::DeviceCopy>(
+    g: &Gpu,
+    name: &str,
+    config: &RopeConfig,
+    seed: u64,
+    tokens: usize,
+) -> Vec<Vec<T>> {
+    let heads = 4;
+    let mut outs = Vec::new();
     for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
         let config = config.clone().style(style).dtype(T::DTYPE);
         let rope = Rope::new(&g.kernels, config.clone()).unwrap();
-        let pos = positions(seed, tokens);
+        let pos = positions(seed, tokens, config.max_position);
         let x: Vec<T> = inputs(&config, &pos, heads, seed);
         let q = upload_t(&x);
         let mut out = upload_t(&vec![T::from_bits(T::POISON_BITS); x.len()]);
@@ -111,8 +123,11 @@ fn rope_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, name: &str, config
         let mut ov = TensorMut::new(&mut out, l);
         rope.apply(&qt, &mut ov, None, Positions::IdsI64(&ids), Direction::Forward, &g.stream).unwrap();
         rope.check_errors(&g.stream).unwrap();
-        check_rows(&format!("{name} {style:?} rope"), &config, &x, &download_t(&out), &pos, heads);
+        let got = download_t(&out);
+        check_rows(&format!("{name} {style:?} rope"), &config, &x, &got, &pos, heads);
+        outs.push(got);
     }
+    outs
 }
 
 #[test]
@@ -120,21 +135,26 @@ fn every_rope_type_and_style_is_exact_up_to_position_2_pow_31() {
     let Some(g) = gpu("every_rope_type_and_style_is_exact_up_to_position_2_pow_31") else { return };
     for (i, (name, config)) in configs().into_iter().enumerate() {
         let seed = 900 + i as u64;
-        rope_case::<f32>(&g, name, &config, seed);
-        rope_case::<bf16>(&g, name, &config, seed);
-        rope_case::<f16>(&g, name, &config, seed);
+        rope_case::<f32>(&g, name, &config, seed, 24);
+        rope_case::<bf16>(&g, name, &config, seed, 24);
+        rope_case::<f16>(&g, name, &config, seed, 24);
     }
 }
 
 /// The fused paged append at the same positions: q in place and k into its slot, exact as
-/// above; v copied; every other slot untouched.
-fn append_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, name: &str, config: &RopeConfig, seq: usize) {
+/// above; v copied; every other slot untouched. Returns q and the keys' rows as written.
+fn append_case<T: TestElem + cust::memory::DeviceCopy>(
+    g: &Gpu,
+    name: &str,
+    config: &RopeConfig,
+    seq: usize,
+) -> (Vec<T>, Vec<T>) {
     let (batch, hq, hk) = (2, 4, 2);
     let tokens = batch * seq;
     let config = config.clone().dtype(T::DTYPE);
     let d = config.head_dim;
     let rope = Rope::new(&g.kernels, config.clone()).unwrap();
-    let pos = positions(77 + seq as u64, tokens);
+    let pos = positions(77 + seq as u64, tokens, config.max_position);
     let slots: Vec<i64> = (0..tokens as i64).map(|t| (t * 7 + 1) % (4 * tokens as i64)).collect();
     let xq: Vec<T> = inputs(&config, &pos, hq, 5);
     let xk: Vec<T> = inputs(&config, &pos, hk, 6);
@@ -174,6 +194,7 @@ fn append_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, name: &str, conf
             assert!(c[r.clone()].iter().zip(&cache0[r.clone()]).all(|(a, b)| a.bits() == b.bits()), "slot {n}");
         }
     }
+    (gq, k_rows)
 }
 
 #[test]
@@ -202,4 +223,75 @@ fn a_rope_for_every_position_holds_no_table() {
     let elapsed = start.elapsed();
     assert_eq!(rope.table().device_bytes(), 64 * 16 + 4096);
     assert!(elapsed.as_millis() < 1000, "Rope::new took {elapsed:?}");
+}
+
+/// Two outputs of the same inputs, each within the contract of the reference: within 4e-6 of
+/// the largest (f32), or within 2 ulps of each other (16-bit: each within 1 of the correctly
+/// rounded value).
+fn agree<T: TestElem>(what: &str, a: &[T], b: &[T]) {
+    assert_eq!(a.len(), b.len());
+    let norm = a.iter().fold(0f64, |m, v| m.max(v.to_f64().abs()));
+    for (j, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = match T::DTYPE {
+            DType::F32 => (x.to_f64() - y.to_f64()).abs() <= 4e-6 * norm,
+            _ => x.ulps(*y) <= 2,
+        };
+        assert!(ok, "{what} {}: element {j}: {x:?} (table) vs {y:?} (computed)", T::NAME);
+    }
+}
+
+/// The library's two sources of cos and sin on the same inputs, at positions up to a table's
+/// size, for every `rope_type` and both styles: each within the contract of the reference,
+/// and the two within it of each other. Few tokens (the one-head kernels, the scanning
+/// append), a prefill's (the several-head kernels, the claimed append) and more than the
+/// one-head append takes (its `_v` kernels).
+#[test]
+fn table_and_computed_agree_on_the_same_inputs() {
+    let Some(g) = gpu("table_and_computed_agree_on_the_same_inputs") else { return };
+    for (i, (name, config)) in configs().into_iter().enumerate() {
+        let config = RopeConfig { max_position: 8192, ..config };
+        let seed = 1900 + i as u64;
+        for tokens in [6, 600] {
+            let run = |s: CosSin| rope_case::<bf16>(&g, name, &config.clone().cos_sin(s), seed, tokens);
+            for (a, b) in run(CosSin::Table).iter().zip(&run(CosSin::Computed)) {
+                agree(&format!("{name} rope, {tokens} tokens"), a, b);
+            }
+            let run = |s: CosSin| rope_case::<f32>(&g, name, &config.clone().cos_sin(s), seed, tokens);
+            for (a, b) in run(CosSin::Table).iter().zip(&run(CosSin::Computed)) {
+                agree(&format!("{name} rope, {tokens} tokens"), a, b);
+            }
+        }
+        let run = |s: CosSin| rope_case::<f16>(&g, name, &config.clone().cos_sin(s), seed, 40);
+        for (a, b) in run(CosSin::Table).iter().zip(&run(CosSin::Computed)) {
+            agree(&format!("{name} rope"), a, b);
+        }
+    }
+    for (name, config) in configs().into_iter().filter(|(n, _)| ["default", "yarn (mscale)"].contains(n)) {
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            let c = RopeConfig { max_position: 8192, ..config.clone() }.style(style);
+            for seq in [1, 300, 4201] {
+                let (tq, tk) = append_case::<bf16>(&g, name, &c.clone().cos_sin(CosSin::Table), seq);
+                let (cq, ck) = append_case::<bf16>(&g, name, &c.clone().cos_sin(CosSin::Computed), seq);
+                agree(&format!("{name} append q, seq {seq}"), &tq, &cq);
+                agree(&format!("{name} append k, seq {seq}"), &tk, &ck);
+            }
+            let (tq, tk) = append_case::<f32>(&g, name, &c.clone().cos_sin(CosSin::Table), 300);
+            let (cq, ck) = append_case::<f32>(&g, name, &c.clone().cos_sin(CosSin::Computed), 300);
+            agree(&format!("{name} append q"), &tq, &cq);
+            agree(&format!("{name} append k"), &tk, &ck);
+        }
+    }
+}
+
+/// [`CosSin::Auto`]: a table up to `AUTO_TABLE_BYTES`, computed beyond it and for MRoPE.
+#[test]
+fn auto_builds_a_table_only_where_it_is_small() {
+    let Some(g) = gpu("auto_builds_a_table_only_where_it_is_small") else { return };
+    let small = Rope::new(&g.kernels, RopeConfig::new(128, 4096)).unwrap();
+    assert_eq!(small.table().device_bytes(), 4096 * 64 * 16);
+    let limit = rope_cuda::AUTO_TABLE_BYTES / (64 * 16);
+    let edge = Rope::new(&g.kernels, RopeConfig::new(128, limit)).unwrap();
+    assert_eq!(edge.table().device_bytes(), rope_cuda::AUTO_TABLE_BYTES);
+    let long = Rope::new(&g.kernels, RopeConfig::new(128, limit + 1)).unwrap();
+    assert_eq!(long.table().device_bytes(), 64 * 16 + 4096);
 }

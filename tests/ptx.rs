@@ -39,16 +39,18 @@ fn ptx_targets_the_configured_arch() {
 /// accesses; the `_s` kernels are the fallback for views whose addresses or dims do not allow it.
 #[test]
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
-    let vector: Vec<_> = named("rope_").into_iter().filter(|n| !n.ends_with("_s") && !n.ends_with("_s_m")).collect();
-    assert_eq!(vector.len(), 12 + 12);
-    assert_eq!(named("rope_").len(), 18 + 18);
-    // Computed angles at four widths, the caller's tables at three (16-bit and f32), the
-    // claim, MRoPE at four.
-    assert_eq!(named("kv_").len(), 24 + 9 + 1 + 24);
+    let scalar = |n: &str| n.ends_with("_s") || n.contains("_s_");
+    let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
+    // Two sources (the library's table, computed `_c`), each with and without MRoPE.
+    assert_eq!(vector.len(), 2 * (12 + 12));
+    assert_eq!(named("rope_").len(), 2 * (18 + 18));
+    // Per source: four widths, and MRoPE at four; the caller's tables at three (16-bit and
+    // f32); the claim.
+    assert_eq!(named("kv_").len(), 2 * (24 + 24) + 9 + 1);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
-    let kv = named("kv_").into_iter().filter(|n| !n.contains("_s") && *n != "kv_claim");
+    let kv = named("kv_").into_iter().filter(|n| !scalar(n) && *n != "kv_claim");
     for name in kv {
         let b = body(name);
         let v = if name.contains("_d") { "v2" } else { "v4" };
@@ -65,9 +67,24 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "ld.global.f32"] {
             assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
         }
-        // No table: each pair's frequency comes through the read-only path, 16 bytes at once.
-        assert!(b.contains("ld.global.nc.v4.b32"), "{name}: frequencies are not loaded 16 bytes at a time");
-        assert!(!b.contains("ld.global.nc.v4.f32"), "{name}: reads a table");
+        if name.ends_with("_c") {
+            // No table: each pair's frequency comes through the read-only path, 16 bytes at
+            // once.
+            assert!(b.contains("ld.global.nc.v4.b32"), "{name}: frequencies are not loaded 16 bytes at a time");
+            assert!(!b.contains("ld.global.nc.v4.f32"), "{name}: reads a table");
+        } else {
+            // Tables come through the read-only path, 16 bytes at a time except GPT-J f32 (8)
+            // and MRoPE, whose pairs may read rows of different positions (then one entry at
+            // a time).
+            let table = if name.ends_with("_m") {
+                "ld.global.nc.f32"
+            } else if name.starts_with("rope_gptj_f32") {
+                "ld.global.nc.v2.f32"
+            } else {
+                "ld.global.nc.v4.f32"
+            };
+            assert!(b.contains(table), "{name}: table loads are not {table}");
+        }
     }
 }
 

@@ -55,16 +55,21 @@ pub enum KvWidth {
     Prefill,
 }
 
-/// Whose cos/sin tables a KV kernel reads.
+/// Where a kernel's cos and sin come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TableSource {
-    /// No table: cos and sin computed in the kernel from the library's frequencies.
-    Library,
-    /// The caller's tables in the element type, taken as exact (the reference operation).
+    /// The library's f32 tables of `max_position` rows, with residual tables for the exact
+    /// path.
+    Table,
+    /// No table: cos and sin computed in the kernel from the library's frequencies (`_c`).
+    Computed,
+    /// The caller's tables in the element type, taken as exact (the reference operation, KV
+    /// only).
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{dtype}_{width}[_m]`), parameters [`crate::params::RopeParams`].
+/// A RoPE kernel (`rope_{style}_{dtype}_{width}[_m][_c]`), parameters
+/// [`crate::params::RopeParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
     /// Pairing.
@@ -75,9 +80,11 @@ pub struct RopeKey {
     pub width: RopeWidth,
     /// Multimodal RoPE: three position streams per token (`_m`; widths `_s` and `_p` only).
     pub mrope: bool,
+    /// The library's table or computed cos and sin (never the caller's).
+    pub source: TableSource,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t|_m]`), parameters
+/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t|_m][_c]`), parameters
 /// [`crate::params::KvParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
@@ -87,7 +94,7 @@ pub struct KvKey {
     pub dtype: DType,
     /// Access width, heads per thread and duplicate handling.
     pub width: KvWidth,
-    /// Library or caller tables.
+    /// The library's table, computed cos and sin, or the caller's tables.
     pub tables: TableSource,
     /// Multimodal RoPE: three position streams per token (`_m`; library tables, widths `_s`,
     /// `_d` and `_p` only).

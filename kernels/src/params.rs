@@ -9,20 +9,25 @@ pub use crate::div::{Divisor, FastDiv};
 use crate::views::{CacheView, ErrorSink, HeadsView, OwnerView, PositionsView, TableView};
 
 /// Heads one thread handles (sharing its table entries among them), per kernel: `vector`
-/// for the `_v` kernels, `elem_size` in bytes, `neox` for the style. Host and device both
-/// read it, so the launch geometry matches the kernel. The choices are measured (see
-/// BENCHMARKS.md): 16-bit kernels 8, NeoX f32 1, GPT-J f32 4.
+/// for the `_v` kernels, `elem_size` in bytes, `neox` for the style, `computed` for the
+/// kernels computing cos and sin (`_c`). Host and device both read it, so the launch geometry
+/// matches the kernel. The choices are measured (see BENCHMARKS.md): 16-bit kernels 8, GPT-J
+/// f32 4, NeoX f32 1 from the table and 4 computed (the H200: 96.1% of copy, 1 head 85.8%).
 ///
 /// `ROPE_CUDA_HEADS_PER_THREAD` (1 to 8) at build time overrides it for every `_v` kernel:
 /// a tuning knob for benchmarks, not a setting for users.
-pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize) -> u32 {
+pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize, computed: bool) -> u32 {
     match (vector, neox, elem_size) {
         (false, _, _) => 1,
         _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
         (true, _, 2) => 8,
-        // In-kernel cos/sin (block rows): f32 NeoX 4 (measured on the H200: 96.1% of copy, 1
-        // head 85.8%).
-        (true, true, _) => 4,
+        (true, true, _) => {
+            if computed {
+                4
+            } else {
+                1
+            }
+        }
         (true, false, _) => 4,
     }
 }

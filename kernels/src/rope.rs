@@ -4,23 +4,26 @@
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{block_rows_bytes, block_tokens, groups, work_item, RopeParams};
-use crate::rotate::{BlockRows, Computed, PairRows, Rows, Style, Table};
+use crate::rotate::{BlockRows, PairRows, Rows, Source, Style, Table};
 
 /// Whether the first head's loads go before the block's cos and sin (a tuning experiment).
 const LOADS_FIRST: bool = option_env!("ROPE_CUDA_LOADS_AFTER_FILL").is_none();
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
-/// `C` the copying ones, `P` says which table row each pair reads (one position, or MRoPE's
-/// three streams).
+/// `C` the copying ones, `B` is where cos and sin come from (the library's table, or computed
+/// into the block's rows first), `P` says which table row each pair reads (one position, or
+/// MRoPE's three streams).
 ///
 /// # Safety
 /// The host checked that every row of both views lies inside its buffer, that outputs do
 /// not overlap anything else the launch touches, that the positions view admits only rows of
 /// the table and its buffer holds every token's entry, that the table holds `half` pairs per
 /// row, that addresses are aligned for `R` and `C`, that the geometry was made with this
-/// kernel's `G`, and that there is work (`seq`, lanes and heads not zero).
+/// kernel's `G`, and that there is work (`seq`, lanes and heads not zero); with
+/// [`Source::BLOCK_ROWS`], that the launch has [`RopeParams::shared_bytes`] of dynamic shared
+/// memory.
 #[inline(always)]
-pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p: &RopeParams) {
+pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const G: usize>(p: &RopeParams) {
     let lanes = p.rot_lanes + p.copy_lanes;
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let items = (gq + gk) * lanes;
@@ -32,6 +35,9 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         core::hint::assert_unchecked(p.seq != 0);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
+    if !B::BLOCK_ROWS && item.is_none() {
+        return;
+    }
     // Threads past the end still take part in the block's rows and their barrier.
     let (token, work) = item.unwrap_or((0, 0));
     let (b, s) = (token / p.seq, token % p.seq);
@@ -69,18 +75,18 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
     // f32 kernels load after the rows: their rows' arithmetic would otherwise hold the loaded
     // head in registers (56 instead of 48 for NeoX `_v`), and f32 rows are wide enough that a
     // later load still keeps the memory busy (H200: 96.5% of copy against 96.1%).
-    let early = LOADS_FIRST && R::SIZE == 2;
+    let early = !B::BLOCK_ROWS || (LOADS_FIRST && R::SIZE == 2);
     let (first, first_copy) = if early { (load_first(), load_copy()) } else { ([[0; 4]; 2], [0; 4]) };
     // The block's cos and sin, computed once per token and pair while those loads are in
     // flight.
     let block = block_tokens(block_idx(), block_dim().0, items, p.chunk, p.tokens);
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    // SAFETY: the host gives every launch `block_rows_bytes` of shared memory (16-byte
-    // aligned), the positions buffer holds every token's entry, and the frequencies `half`
+    // SAFETY: the host gives every computing launch `RopeParams::shared_bytes` of shared
+    // memory (16-byte aligned), the positions buffer holds every token's entry, and the frequencies `half`
     // pairs; every thread of the block is here.
     // Only the one-head kernels (the launches of few tokens) stage the angle table.
     let stage = G == 1;
-    let block_rows = unsafe {
+    let block_rows = B::BLOCK_ROWS.then(|| unsafe {
         let divmod = |t| (t / p.seq, t % p.seq);
         let start = BlockRows::start::<P>(stage, block, &p.table, &p.positions, divmod);
         // The staged angle table after the rows (see `RopeParams::shared_bytes`).
@@ -92,7 +98,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         let r = BlockRows::fill::<P>(stage, base, start, block, &p.table, &p.positions, divmod, angles_at);
         sync_threads();
         r
-    };
+    });
     if item.is_none() {
         return;
     }
@@ -108,12 +114,12 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, P: PairRows, const G: usize>(p
         return;
     };
     if rotating {
-        let table = Table { view: &p.table, sin_sign: p.sin_sign, row: block_rows.row(token) };
+        let table = Table { view: &p.table, sin_sign: p.sin_sign, row: block_rows.map_or(0, |r| r.row(token)) };
         // SAFETY: the positions view admits only rows of the table, and `pos` passed its
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, Computed, P>(rows, first, lane as usize, at, table)
+            S::rotate::<R, B, P>(rows, first, lane as usize, at, table)
         };
     } else {
         // Dims past rotary_dim, out of place: copy the bits.

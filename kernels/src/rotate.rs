@@ -122,19 +122,22 @@ pub(crate) trait Source {
     /// the access, and are not written during the kernel; with [`Source::BLOCK_ROWS`],
     /// `p.row` is the token's filled row, and `i` a multiple of `min(n, 4)`.
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane);
-    /// `((cos, cos_lo), (sin, sin_lo))` of pair `i`, given its fast `c` and `s`: each the f32
-    /// pair of a value accurate to about `2^-46` (the library's residuals; the caller's
-    /// tables' entries are taken as exact).
+    /// `((cos, cos_lo), (sin, sin_lo))` of pair `i` (table entry `at`), given its fast `c`
+    /// and `s`: each the f32 pair of a value accurate to about `2^-46` (the library's
+    /// residuals; the caller's tables' entries are taken as exact).
     ///
     /// # Safety
     /// As [`Source::load`], for pair `i`.
-    unsafe fn exact(p: Table<'_>, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
+    unsafe fn exact(p: Table<'_>, i: usize, at: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
 }
 
 /// The library's source: cos and sin of `position x inv_freq` computed in the kernel from each
 /// pair's frequency in exact turns ([`crate::math::turns_at`]): f32 polynomials for the fast
 /// values, f64 ones for the exact path, the attention factor multiplied in.
 pub(crate) struct Computed;
+/// The library's tables: f32 cos and sin of `max_position` rows, the nearest to the f64
+/// values, with f32 residual tables that the exact path reads.
+pub(crate) struct LibTable;
 /// A caller's f32 tables (taken as exact; no residuals).
 pub(crate) struct F32Table;
 /// A caller's tables in the element type `T` (taken as exact).
@@ -180,8 +183,27 @@ impl Source for F32Table {
         unsafe { table_entries(view, rows, i, n, load) }
     }
     #[inline(always)]
-    unsafe fn exact(_: Table<'_>, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+    unsafe fn exact(_: Table<'_>, _: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         ((c, 0.0), (s, 0.0))
+    }
+}
+
+impl Source for LibTable {
+    const BLOCK_ROWS: bool = false;
+    #[inline(always)]
+    unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        // SAFETY: the trait method's contract.
+        unsafe { F32Table::load(p, rows, i, n) }
+    }
+    #[inline(always)]
+    unsafe fn exact(p: Table<'_>, _: usize, at: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+        let [_, _, cos_lo, sin_lo] = p.view.addresses();
+        // SAFETY: the trait method's contract: the residual tables hold the entry the fast
+        // values came from.
+        unsafe {
+            let lo = |base: u64| load_table((base as *const f32).wrapping_add(at), 1)[0];
+            ((c, lo(cos_lo)), (s, lo(sin_lo)))
+        }
     }
 }
 
@@ -203,7 +225,7 @@ impl<T: Elem> Source for ElemTable<T> {
         unsafe { table_entries(view, rows, i, n, load) }
     }
     #[inline(always)]
-    unsafe fn exact(_: Table<'_>, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+    unsafe fn exact(_: Table<'_>, _: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         ((c, 0.0), (s, 0.0))
     }
 }
@@ -229,7 +251,7 @@ impl Source for Computed {
         unsafe { (load_shared32(p.row + 4 * i as u32, n), load_shared32(p.row + 4 * (stride + i) as u32, n)) }
     }
     #[inline(always)]
-    unsafe fn exact(p: Table<'_>, i: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
+    unsafe fn exact(p: Table<'_>, i: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
         let stride = row_stride(p.view.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
         unsafe {
@@ -452,16 +474,18 @@ impl BlockRows {
 pub(crate) struct Entries<P> {
     c: Lane,
     s: Lane,
-    /// For the exact path: the lane's first pair.
+    /// For the exact path: the lane's first pair, and (tables) where its entries start (one
+    /// row) or the token's rows (MRoPE).
     i: usize,
-    rows: core::marker::PhantomData<P>,
+    at: usize,
+    rows: P,
 }
 
 impl<P: PairRows> Entries<P> {
     /// No entries (for lanes that do not rotate).
     #[inline(always)]
     pub(crate) fn none() -> Entries<P> {
-        Entries { c: [0.0; 8], s: [0.0; 8], i: 0, rows: core::marker::PhantomData }
+        Entries { c: [0.0; 8], s: [0.0; 8], i: 0, at: 0, rows: P::default() }
     }
 
     /// The cos and sin of `n` pairs from pair `i`, for a token whose rows are `rows`.
@@ -473,14 +497,14 @@ impl<P: PairRows> Entries<P> {
         if B::BLOCK_ROWS {
             // Read again for each head ([`Entries::lane`]): from shared memory that is cheap,
             // and the lane's values are not held in registers across the heads.
-            return Entries { c: [0.0; 8], s: [0.0; 8], i, rows: core::marker::PhantomData };
+            return Entries { c: [0.0; 8], s: [0.0; 8], i, at: 0, rows };
         }
         // SAFETY: the caller's contract.
         let (c, mut s) = unsafe { B::load(p, rows, i, n) };
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
-        Entries { c, s, i, rows: core::marker::PhantomData }
+        Entries { c, s, i, at: rows.entry(p.view, i), rows }
     }
 
     /// The lane's `n` cos and sin (the sine's sign set), for one head.
@@ -507,8 +531,16 @@ impl<P: PairRows> Entries<P> {
     /// `self` was loaded by [`Entries::load`] from `p`, and `j` is below its `n`.
     #[inline(always)]
     unsafe fn exact<B: Source>(&self, p: Table<'_>, j: usize) -> ((f32, f32), (f32, f32)) {
+        if !B::BLOCK_ROWS {
+            // Tables: the fast values as held (the sine's sign set), the residuals read at
+            // the entry (zero for the caller's tables).
+            let at = if P::ONE_ROW { self.at + j } else { self.rows.entry(p.view, self.i + j) };
+            // SAFETY: the caller's contract: the tables hold entry `at`.
+            let ((c, c_lo), (_, s_lo)) = unsafe { B::exact(p, self.i + j, at, self.c[j], 0.0) };
+            return ((c, c_lo), (self.s[j], s_lo * p.sin_sign));
+        }
         // SAFETY: the caller's contract (block rows read theirs from shared memory).
-        let (c, s) = unsafe { B::exact(p, self.i + j, self.c[j], self.s[j] * p.sin_sign) };
+        let (c, s) = unsafe { B::exact(p, self.i + j, 0, self.c[j], self.s[j] * p.sin_sign) };
         (c, (s.0 * p.sin_sign, s.1 * p.sin_sign))
     }
 }
