@@ -322,13 +322,106 @@ fn step(
     Ok(KvRow { name, what: format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16"), op, against, ulps })
 }
 
+/// A decode step as an engine's loop runs it: 64 sequences at scattered positions of a
+/// 131072-position context, every sequence one position further at each step, so that no
+/// step reads the positions of the one before (the fused launch of [`step`], device time).
+fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRow> {
+    let (seqs, hq, hk, d, bs, max_pos) = (64, 32, 8, 128, 16, 131_072);
+    let (warmup, runs) = (20usize, 200);
+    let steps = warmup + runs;
+    let bps = steps.div_ceil(bs);
+    let cache_layout = Layout::bshd(seqs * bps, bs, hk, d);
+    let rope = Rope::new(kernels, RopeConfig::new(d, max_pos).base(500_000.0).dtype(DType::BF16))?;
+    // Sequence i starts at a scattered position and owns blocks i * bps ..; step k writes
+    // its slot k.
+    let start: Vec<usize> = (0..seqs as u64).map(|i| (uniform(23, 0, i).abs() as f64 * (max_pos - steps) as f64) as usize).collect();
+    let positions: Vec<i32> = (0..steps).flat_map(|k| start.iter().map(move |&p| (p + k) as i32)).collect();
+    let slots: Vec<i64> = (0..steps).flat_map(|k| (0..seqs).map(move |i| ((i * bps + k / bs) * bs + k % bs) as i64)).collect();
+    let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
+    let qh = seeded(30, seqs * hq * d);
+    let (mut dq, dk, dv) = (upload(&qh)?, upload(&seeded(31, seqs * hk * d))?, upload(&seeded(32, seqs * hk * d))?);
+    let cache_n = seqs * bps * bs * hk * d;
+    let (mut kc, mut vc) = (upload(&seeded(33, cache_n))?, upload(&seeded(34, cache_n))?);
+    let (ql, kl) = (Layout::bshd(seqs, 1, hq, d), Layout::bshd(seqs, 1, hk, d));
+    let mut run_step = |k: usize, dq: &mut DeviceBuffer<bf16>| {
+        let (pos, slot) = (dpos.index(k * seqs..(k + 1) * seqs), dslots.index(k * seqs..(k + 1) * seqs));
+        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+        let mut q = TensorMut::new(dq, ql);
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: Some(&mut q),
+                k: &Tensor::new(&dk, kl),
+                v: &Tensor::new(&dv, kl),
+                cache: &mut cache,
+                positions: Positions::IdsI32(&pos),
+                slots: Some(&slot),
+            },
+            stream,
+        )
+    };
+    // Check once: step 0's q rows (every head of every fifth sequence) within 1 ulp.
+    run_step(0, &mut dq)?;
+    rope.check_errors(stream)?;
+    let q_out = download(&dq)?;
+    let mut ulps = 0;
+    for t in (0..seqs).step_by(5) {
+        for hh in 0..hq {
+            let at = (t * hq + hh) * d;
+            let x: Vec<f64> = qh[at..at + d].iter().map(|v| v.to_f64()).collect();
+            let y = rope_row(&x, positions[t] as f64, 500_000.0, d, RopeStyle::NeoX, Direction::Forward);
+            for (j, want) in y.into_iter().enumerate() {
+                ulps = ulps.max(q_out[at + j].ulps(bf16::round(want)));
+            }
+        }
+    }
+    let mut k = 0;
+    let op = time_device(kernels, stream, warmup, runs, || {
+        k += 1;
+        run_step(k - 1, &mut dq)
+    })?;
+    rope.check_errors(stream)?;
+    // The same steps with every sequence at position 2048, as `step` times them.
+    let same = vec![2048i32; seqs];
+    let dsame = DeviceBuffer::from_slice(&same)?;
+    let mut k = 0;
+    let fixed = time_device(kernels, stream, warmup, runs, || {
+        let slot = dslots.index(k * seqs..(k + 1) * seqs);
+        k += 1;
+        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+        let mut q = TensorMut::new(&mut dq, ql);
+        rope.append_kv(
+            rope_cuda::KvAppend {
+                q: Some(&mut q),
+                k: &Tensor::new(&dk, kl),
+                v: &Tensor::new(&dv, kl),
+                cache: &mut cache,
+                positions: Positions::IdsI32(&dsame),
+                slots: Some(&slot),
+            },
+            stream,
+        )
+    })?;
+    Ok(KvRow {
+        name: "decode, spread positions",
+        what: format!("bf16 {seqs}x1 tok, 131072 ctx, device"),
+        op,
+        against: Against::Baseline("all at 2048", fixed),
+        ulps,
+    })
+}
+
 /// Runs, checks and prints the KV rows; `Ok(false)` if a check failed.
 pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
-    let mut rows = vec![reference(kernels, stream)?];
+    // `ROPE_CUDA_DECODE_ONLY=1`: the decode step's rows alone (a short run for profilers).
+    let decode_only = std::env::var_os("ROPE_CUDA_DECODE_ONLY").is_some();
+    let mut rows = if decode_only { Vec::new() } else { vec![reference(kernels, stream)?] };
     let mut extra = Vec::new();
     rows.push(step(kernels, stream, 64, 1, true, &mut extra)?);
-    rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
-    rows.push(step(kernels, stream, 16, 4096, false, &mut extra)?);
+    extra.push(spread_decode(kernels, stream)?);
+    if !decode_only {
+        rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
+        rows.push(step(kernels, stream, 16, 4096, false, &mut extra)?);
+    }
     rows.append(&mut extra);
     println!();
     println!(
