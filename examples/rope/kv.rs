@@ -334,9 +334,11 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
     let rope = Rope::new(kernels, RopeConfig::new(d, max_pos).base(500_000.0).dtype(DType::BF16))?;
     // Sequence i starts at a scattered position and owns blocks i * bps ..; step k writes
     // its slot k.
-    let start: Vec<usize> = (0..seqs as u64).map(|i| (uniform(23, 0, i).abs() as f64 * (max_pos - steps) as f64) as usize).collect();
+    let start: Vec<usize> =
+        (0..seqs as u64).map(|i| (uniform(23, 0, i).abs() as f64 * (max_pos - steps) as f64) as usize).collect();
     let positions: Vec<i32> = (0..steps).flat_map(|k| start.iter().map(move |&p| (p + k) as i32)).collect();
-    let slots: Vec<i64> = (0..steps).flat_map(|k| (0..seqs).map(move |i| ((i * bps + k / bs) * bs + k % bs) as i64)).collect();
+    let slots: Vec<i64> =
+        (0..steps).flat_map(|k| (0..seqs).map(move |i| ((i * bps + k / bs) * bs + k % bs) as i64)).collect();
     let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
     let qh = seeded(30, seqs * hq * d);
     let (mut dq, dk, dv) = (upload(&qh)?, upload(&seeded(31, seqs * hk * d))?, upload(&seeded(32, seqs * hk * d))?);
