@@ -278,8 +278,6 @@ pub(crate) struct BlockRows {
 /// What one thread of a block loads for [`BlockRows::fill`] before it waits on anything: its
 /// first (token, pair) entry and that entry's angle in turns (the position's and the
 /// frequency's loads), and, when the launch stages the angle table, its share of the table.
-const UNIT_OFF: bool = option_env!("ROPE_CUDA_UNIT_OFF").is_some();
-
 pub(crate) struct FillStart {
     t: u32,
     i: u32,
@@ -428,7 +426,7 @@ impl BlockRows {
                     }
                 };
                 let (mut sn, mut cs) = sincos_turns_pair(tj, |_| e);
-                if !unit || UNIT_OFF {
+                if !unit {
                     (cs, sn) = (mul_pair(cs, a), mul_pair(sn, a));
                 }
                 let row = base.wrapping_add((4 * t * stride) as usize);
