@@ -1,4 +1,4 @@
-//! The RoPE configuration: what the table is built from and which kernels run.
+//! The RoPE configuration: what cos and sin are made from and which kernels run.
 
 use crate::error::{Error, Result};
 use crate::scaling::RopeScaling;

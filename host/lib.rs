@@ -93,7 +93,8 @@ mod table;
 mod tensor;
 
 pub use config::{
-    CosSin, DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, AUTO_TABLE_BYTES, MAX_POSITION_LIMIT,
+    CosSin, DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, AUTO_TABLE_BYTES,
+    MAX_POSITION_LIMIT,
 };
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;

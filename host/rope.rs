@@ -1,4 +1,4 @@
-//! [`Rope`]: a configuration, its table on the device, and its RoPE launches.
+//! [`Rope`]: a configuration, its cos/sin source on the device, and its RoPE launches.
 
 use std::sync::Arc;
 
@@ -18,8 +18,10 @@ use crate::launch::{
 use crate::table::RopeTable;
 use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 
-/// RoPE for one configuration: the cos/sin table built once (angles in f64, stored f32), the
-/// device-side record of out-of-range positions, and the launches.
+/// RoPE for one configuration: its source of cos and sin built once ([`RopeTable`]: a table
+/// with angles in f64, stored f32, or the frequencies the kernels compute them from, as
+/// [`RopeConfig::cos_sin`] says), the device-side record of out-of-range positions, and the
+/// launches.
 ///
 /// q and k are `[batch, seq, heads, head_dim]` views with their own strides ([`Layout`](crate::Layout));
 /// q and k may have different head counts (GQA/MQA), k may be absent, and they may be
@@ -60,7 +62,8 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Validates `config`, builds its table and uploads it, in the current context.
+    /// Validates `config`, builds its table (or frequencies) and uploads it, in the current
+    /// context.
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -84,7 +87,7 @@ impl Rope {
         &self.config
     }
 
-    /// The table.
+    /// The table, or the frequencies the kernels compute cos and sin from.
     pub fn table(&self) -> &RopeTable {
         &self.table
     }
@@ -429,7 +432,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     let g = if width == RopeWidth::Single { 1 } else { g };
     // Few tokens: the block copies the angle table into shared memory while the positions
     // load (the one-head kernels only; see `TableView::with_staged`).
-    let params = RopeParams { table: if computed { params.table.with_staged(few && g == 1) } else { params.table }, ..params };
+    let params =
+        RopeParams { table: if computed { params.table.with_staged(few && g == 1) } else { params.table }, ..params };
     let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some(), source };
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
@@ -537,7 +541,9 @@ mod tests {
         let p = plan(&config, &args).unwrap().unwrap();
         assert_eq!(p.key.width, RopeWidth::Single);
         assert_eq!(p.geometry, geometry(&p.params, 1).unwrap().unwrap().0);
-        assert!(p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2, false)) < FEW_THREADS);
+        assert!(
+            p.params.tokens as u64 * work_per_token(&p.params, heads_per_thread(true, true, 2, false)) < FEW_THREADS
+        );
         args.q_out = Some(tensor(4 << 36, args.q.layout));
         args.k_out = Some(tensor(5 << 36, args.k.unwrap().layout));
         assert_eq!(plan(&config, &args).unwrap().unwrap().key.width, RopeWidth::Single);

@@ -1,8 +1,8 @@
 //! The frequencies the kernels compute cos and sin from ([`RopeTable`]), and cos/sin tables on
 //! the host ([`HostTable`]: angles formed in f64, stored in f32) for callers who want one.
 
-use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, ANGLE_STEPS};
 use rope_cuda_kernels::keys::TableSource;
+use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, ANGLE_STEPS};
 use rope_cuda_kernels::views::TableView;
 
 use crate::alloc::DeviceAlloc;
@@ -146,7 +146,7 @@ impl RopeTable {
     }
 
     /// Plain RoPE (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device, in the current
-    /// context, from the source [`CosSin::Auto`] picks (a table up to
+    /// context, from the source [`crate::CosSin::Auto`] picks (a table up to
     /// [`crate::AUTO_TABLE_BYTES`]).
     ///
     /// ```

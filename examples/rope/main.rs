@@ -19,7 +19,8 @@ use rope_cuda::reference::{
 };
 use rope_cuda::seed::RotaryModel;
 use rope_cuda::{
-    ConfigError, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    ConfigError, CosSin, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor,
+    TensorMut,
 };
 
 const BASE: f64 = 10_000.0;
@@ -86,9 +87,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             model.hk
         );
     }
-    // What a `Rope` costs to build, and holds on the device: no table, whatever the positions.
+    // What a `Rope` with computed cos and sin costs to build, and holds on the device: no
+    // table, whatever the positions.
     if config_path.is_none() {
-        println!("\nRope::new, head_dim 128 (llama3 scaling), bf16:");
+        println!("\nRope::new, computed cos and sin, head_dim 128 (llama3 scaling), bf16:");
         println!("{:>12} {:>10} {:>14}", "positions", "ms", "device bytes");
         for positions in [131_072usize, 1 << 20, 10_485_760] {
             let config = RopeConfig::from_hf_config(&format!(
@@ -96,7 +98,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
                     "max_position_embeddings": {positions}, "rope_theta": 500000.0,
                     "rope_scaling": {{"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
                                      "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}}}}"#
-            ))?;
+            ))?
+            .cos_sin(CosSin::Computed);
             let start = std::time::Instant::now();
             let rope = Rope::new(&kernels, config)?;
             let ms = start.elapsed().as_secs_f64() * 1e3;

@@ -525,7 +525,9 @@ pub unsafe fn load_shared32(a: u32, n: usize) -> Lane {
     // SAFETY: the caller's contract.
     unsafe {
         match n {
-            1 => asm!("ld.shared.f32 {}, [{}];", out(reg32) v[0], in(reg32) a, options(readonly, nostack, preserves_flags)),
+            1 => {
+                asm!("ld.shared.f32 {}, [{}];", out(reg32) v[0], in(reg32) a, options(readonly, nostack, preserves_flags))
+            }
             2 => asm!(
                 "ld.shared.v2.f32 {{{}, {}}}, [{}];",
                 out(reg32) v[0], out(reg32) v[1], in(reg32) a,

@@ -108,7 +108,11 @@ unsafe fn scan_loads<P: PairRows>(p: &KvParams) -> (Loaded, Loaded) {
 /// Every thread of the block calls it (it holds barriers), with at least
 /// [`KvParams::shared_bytes`] of dynamic shared memory; as [`load_token`].
 #[inline(always)]
-unsafe fn block_scan<P: PairRows, T>(p: &KvParams, loaded: (Loaded, Loaded), between: impl FnOnce() -> T) -> (Shared, T) {
+unsafe fn block_scan<P: PairRows, T>(
+    p: &KvParams,
+    loaded: (Loaded, Loaded),
+    between: impl FnOnce() -> T,
+) -> (Shared, T) {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u64>();
     let tokens = p.tokens as usize;
     // SAFETY: the dynamic shared memory holds `2 * tokens` u64 and the flags after them.
@@ -272,7 +276,8 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
     // SAFETY: the host checked the views against their buffers: a rotating lane's elements
     // lie in the row.
-    let load_first = || if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
+    let load_first =
+        || if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
     // A copying lane's first head is loaded now too: its store then waits on the position,
     // slot and owner only, not on a load issued after them.
     let copy_at = match (rotating, is_k) {
@@ -296,8 +301,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let rows_at = if shared { p.scan_bytes(block_dim().0).next_multiple_of(16) as usize } else { 0 };
     let rows_base = base.wrapping_add(rows_at);
     // The staged angle table after the rows (see `KvParams::shared_bytes`).
-    let angles_at =
-        rows_base.wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half as u32) as usize);
+    let angles_at = rows_base.wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half as u32) as usize);
     let divmod = |t| p.seq_div.divmod(t);
     let block = block_tokens(p);
     // SAFETY: the host gives the library's kernels `KvParams::shared_bytes` of shared memory,
@@ -333,9 +337,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
                 if let Some(pos) = p.positions.check(own) {
                     // SAFETY: the positions view admits only rows of the table; `pos` passed
                     // its check.
-                    entries = unsafe {
-                        S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0))
-                    };
+                    entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0)) };
                 }
             }
             // SAFETY: as above.

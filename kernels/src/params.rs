@@ -115,7 +115,11 @@ pub const ANGLE_BYTES: u32 = 16 * crate::math::ANGLE_STEPS as u32;
 
 /// [`ANGLE_BYTES`] when `table` is staged, else 0.
 fn staged_bytes(table: &TableView) -> u32 {
-    if table.staged() { ANGLE_BYTES } else { 0 }
+    if table.staged() {
+        ANGLE_BYTES
+    } else {
+        0
+    }
 }
 
 /// The f32 per cos (and per sin) row of the block rows: `half` rounded up to 4, so that each

@@ -3,9 +3,12 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
-use crate::gpu::{block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx, Bits, Elem, Io, Lane};
+use crate::gpu::{
+    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
+    Bits, Elem, Io, Lane,
+};
+use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at, ANGLE_STEPS};
 use crate::params::row_stride;
-use crate::math::{angle_index, mul_pair, ANGLE_STEPS, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at};
 use crate::views::{PositionsView, TableView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
@@ -410,7 +413,8 @@ impl BlockRows {
         let a = view.attention();
         let unit = view.unit_attention();
         let stride_u = stride as usize;
-        let (staged, angles, shared_angles) = (can_stage && view.staged(), view.angles(), shared_addr(angles_at as *const f32));
+        let (staged, angles, shared_angles) =
+            (can_stage && view.staged(), view.angles(), shared_addr(angles_at as *const f32));
         while t < count {
             if let Some(tj) = turns {
                 let j = angle_index(tj) as u32;
@@ -449,7 +453,7 @@ impl BlockRows {
             if t < count {
                 let token = first + t;
                 // The (batch, sequence index) only where the position needs it.
-            let (b, s) = if positions.kind().by_sequence() { divmod(token) } else { (0, 0) };
+                let (b, s) = if positions.kind().by_sequence() { divmod(token) } else { (0, 0) };
                 // SAFETY: the caller's contract: the token's entries exist.
                 let raw = unsafe { P::load(positions, token, b, s) };
                 turns = positions.check(raw).map(|pos| {
