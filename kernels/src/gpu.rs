@@ -488,6 +488,7 @@ pub unsafe fn load_table(p: *const f32, n: usize) -> Lane {
 /// The shared-window address (32 bits) of a generic pointer into the block's shared memory:
 /// one register instead of two for addresses kept across a kernel.
 #[inline(always)]
+#[expect(clippy::pointers_in_nomem_asm_block, reason = "an address conversion: nothing is read or written")]
 pub fn shared_addr(p: *const f32) -> u32 {
     let a: u32;
     // SAFETY: register-only conversions.
@@ -542,33 +543,6 @@ pub unsafe fn load_shared32(a: u32, n: usize) -> Lane {
                         options(readonly, nostack, preserves_flags),
                     );
                     v[4 * h..4 * h + 4].copy_from_slice(&[x, y, z, w]);
-                }
-            }
-        }
-    }
-    v
-}
-
-/// Loads `n` (1, 2, 4 or 8) consecutive f32 of shared memory at `p` (a generic address the
-/// compiler traces to the block's shared memory), with accesses as wide as `n` allows.
-///
-/// # Safety
-/// `p` points into shared memory valid for `n` f32, aligned to `4 * min(n, 4)` bytes.
-#[inline(always)]
-pub unsafe fn load_shared(p: *const f32, n: usize) -> Lane {
-    #[repr(C, align(16))]
-    struct V4([f32; 4]);
-    #[repr(C, align(8))]
-    struct V2([f32; 2]);
-    let mut v = [0.0f32; 8];
-    // SAFETY: the caller's contract (see the function's `# Safety`).
-    unsafe {
-        match n {
-            1 => v[0] = p.read(),
-            2 => v[..2].copy_from_slice(&(p as *const V2).read().0),
-            _ => {
-                for h in 0..n / 4 {
-                    v[4 * h..4 * h + 4].copy_from_slice(&(p.add(4 * h) as *const V4).read().0);
                 }
             }
         }

@@ -274,10 +274,15 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
     let src_step = strides[2] as usize * R::SIZE;
     let rotating = is_q || (is_k && lane < p.rot_lanes as usize);
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
-    // SAFETY: the host checked the views against their buffers: a rotating lane's elements
-    // lie in the row.
-    let load_first =
-        || if item.is_some() && rotating { unsafe { S::load::<R>(&rows, 0, lane, half) } } else { [[0; 4]; 2] };
+    let load_first = || {
+        if item.is_some() && rotating {
+            // SAFETY: the host checked the views against their buffers: a rotating lane's
+            // elements lie in the row.
+            unsafe { S::load::<R>(&rows, 0, lane, half) }
+        } else {
+            [[0; 4]; 2]
+        }
+    };
     // A copying lane's first head is loaded now too: its store then waits on the position,
     // slot and owner only, not on a load issued after them.
     let copy_at = match (rotating, is_k) {

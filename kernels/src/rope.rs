@@ -81,11 +81,11 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const 
     // flight.
     let block = block_tokens(block_idx(), block_dim().0, items, p.chunk, p.tokens);
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    // SAFETY: the host gives every computing launch `RopeParams::shared_bytes` of shared
-    // memory (16-byte aligned), the positions buffer holds every token's entry, and the frequencies `half`
-    // pairs; every thread of the block is here.
     // Only the one-head kernels (the launches of few tokens) stage the angle table.
     let stage = G == 1;
+    // SAFETY: the host gives every computing launch `RopeParams::shared_bytes` of shared
+    // memory (16-byte aligned), the positions buffer holds every token's entry, and the
+    // frequencies `half` pairs; every thread of the block is here.
     let block_rows = B::BLOCK_ROWS.then(|| unsafe {
         let divmod = |t| (t / p.seq, t % p.seq);
         let start = BlockRows::start::<P>(stage, block, &p.table, &p.positions, divmod);

@@ -302,10 +302,12 @@ unsafe fn angle_words(angles: u64, j: u32) -> AngleWords {
 }
 
 impl BlockRows {
-    /// Issues this thread's loads for [`BlockRows::fill`] over the block's tokens `first..first
-    /// + count` (see there): the first entry's position and frequency, and, when the kernel
-    /// can stage (`can_stage`, a constant of the kernel: its launches of few tokens) and the view is staged, entries `thread` and `thread + block_dim` of the angle table. The first entry's
-    /// angle waits on the position; call this after the loads that should go first.
+    /// Issues this thread's loads for [`BlockRows::fill`] over the block's tokens
+    /// `first..first + count` (see there): the first entry's position and frequency, and,
+    /// when the kernel can stage (`can_stage`, a constant of the kernel: its launches of few
+    /// tokens) and the view is staged, entries `thread` and `thread + block_dim` of the angle
+    /// table. The first entry's angle waits on the position; call this after the loads that
+    /// should go first.
     ///
     /// # Safety
     /// As [`BlockRows::fill`].
@@ -391,6 +393,10 @@ impl BlockRows {
     /// launch, 16-byte aligned; `count` is at most [`crate::params::block_tokens_max`]; the
     /// positions buffer holds the tokens' entries; the view's frequencies hold `half` pairs.
     #[inline(always)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the fill's inputs, each a different kind; inlined into every kernel"
+    )]
     pub(crate) unsafe fn fill<P: PairRows>(
         can_stage: bool,
         base: *mut f32,
