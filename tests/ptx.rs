@@ -93,3 +93,14 @@ fn kernels_have_no_local_memory_or_panics() {
     assert!(!PTX.contains(".local"), "a kernel uses local memory (a stack frame)");
     assert!(!PTX.contains("panic"), "a kernel can reach a panic path");
 }
+
+/// The kernels computing cos and sin (`_c`) use no FP64 (most GPUs other than the data-centre
+/// ones run it at 1/64 rate): integer and f32 arithmetic only.
+#[test]
+fn computed_kernels_use_no_fp64() {
+    let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
+    assert_eq!(computed.len(), 2 * (18 + 24), "every RoPE and KV kernel of the library has a computed twin");
+    for name in computed {
+        assert!(!body(name).contains(".f64"), "{name}: an FP64 instruction");
+    }
+}
