@@ -345,7 +345,9 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
     let cache_n = seqs * bps * bs * hk * d;
     let (mut kc, mut vc) = (upload(&seeded(33, cache_n))?, upload(&seeded(34, cache_n))?);
     let (ql, kl) = (Layout::bshd(seqs, 1, hq, d), Layout::bshd(seqs, 1, hk, d));
-    let mut run_step = |k: usize, dq: &mut DeviceBuffer<bf16>| {
+    // Step `k` (its slots), at its own positions or, with `fixed`, every sequence at 2048.
+    let same = DeviceBuffer::from_slice(&vec![2048i32; seqs])?;
+    let mut run_step = |k: usize, fixed: bool, dq: &mut DeviceBuffer<bf16>| {
         let (pos, slot) = (dpos.index(k * seqs..(k + 1) * seqs), dslots.index(k * seqs..(k + 1) * seqs));
         let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
         let mut q = TensorMut::new(dq, ql);
@@ -355,14 +357,14 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
                 k: &Tensor::new(&dk, kl),
                 v: &Tensor::new(&dv, kl),
                 cache: &mut cache,
-                positions: Positions::IdsI32(&pos),
+                positions: Positions::IdsI32(if fixed { &same } else { &pos }),
                 slots: Some(&slot),
             },
             stream,
         )
     };
     // Check once: step 0's q rows (every head of every fifth sequence) within 1 ulp.
-    run_step(0, &mut dq)?;
+    run_step(0, false, &mut dq)?;
     rope.check_errors(stream)?;
     let q_out = download(&dq)?;
     let mut ulps = 0;
@@ -376,33 +378,17 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
             }
         }
     }
-    let mut k = 0;
-    let op = time_device(kernels, stream, warmup, runs, || {
-        k += 1;
-        run_step(k - 1, &mut dq)
-    })?;
+    let mut timed = |fixed: bool| {
+        let mut k = 0;
+        time_device(kernels, stream, warmup, runs, || {
+            k += 1;
+            run_step(k - 1, fixed, &mut dq)
+        })
+    };
+    let op = timed(false)?;
     rope.check_errors(stream)?;
     // The same steps with every sequence at position 2048, as `step` times them.
-    let same = vec![2048i32; seqs];
-    let dsame = DeviceBuffer::from_slice(&same)?;
-    let mut k = 0;
-    let fixed = time_device(kernels, stream, warmup, runs, || {
-        let slot = dslots.index(k * seqs..(k + 1) * seqs);
-        k += 1;
-        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
-        let mut q = TensorMut::new(&mut dq, ql);
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut q),
-                k: &Tensor::new(&dk, kl),
-                v: &Tensor::new(&dv, kl),
-                cache: &mut cache,
-                positions: Positions::IdsI32(&dsame),
-                slots: Some(&slot),
-            },
-            stream,
-        )
-    })?;
+    let fixed = timed(true)?;
     Ok(KvRow {
         name: "decode, spread positions",
         what: format!("bf16 {seqs}x1 tok, 131072 ctx, device"),
