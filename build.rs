@@ -43,7 +43,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_HEADS_PER_THREAD");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_KV_HEADS_PER_THREAD");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_LOADS_AFTER_FILL");
-    println!("cargo:rerun-if-env-changed=ROPE_CUDA_KV_LOADS_AFTER_FILL");
+    println!("cargo:rerun-if-env-changed=ROPE_CUDA_KV_LOADS_BEFORE_FILL");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_KV_NO_PREFILL");
 
     let arch = env::var("ROPE_CUDA_ARCH").unwrap_or_else(|_| "sm_80".to_string());

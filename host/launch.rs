@@ -146,7 +146,8 @@ pub(crate) fn vector_fits<'t>(
     let e = 16 / size;
     let pairs_ok = match style {
         RopeStyle::NeoX => (rotary_dim / 2) % e == 0,
-        RopeStyle::GptJ => rotary_dim % e == 0,
+        // Two vectors a lane (`gptj_width` in the kernels).
+        RopeStyle::GptJ => rotary_dim % (2 * e) == 0,
     };
     let aligned = |t: &RawTensor| {
         (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0)
@@ -159,7 +160,8 @@ pub(crate) fn vector_fits<'t>(
 pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize) -> (usize, usize) {
     match (vector, style) {
         (true, RopeStyle::NeoX) => (rotary_dim / 2 / e, e),
-        (true, RopeStyle::GptJ) => (rotary_dim / e, e),
+        // Two vectors a lane, as the kernels' `gptj_width`.
+        (true, RopeStyle::GptJ) => (rotary_dim / (2 * e), e),
         (false, _) => (rotary_dim / 2, 1),
     }
 }

@@ -500,12 +500,13 @@ mod tests {
         assert_eq!((p.params.rot_lanes, p.params.copy_lanes, p.params.tokens, p.params.seq), (8, 0, 4, 2));
         assert_eq!((p.params.q.heads, p.params.k.heads), (8, 2));
         assert_eq!(p.params.q.in_strides, [2 * 8 * 128, 8 * 128, 128]);
-        // GPT-J, partial rotary, out of place: lanes of 8 elements, copy lanes for the rest.
+        // GPT-J, partial rotary, out of place: rotating lanes of two vectors (16 elements),
+        // copy lanes of one (8) for the rest.
         let config = config.style(RopeStyle::GptJ).rotary_dim(64);
         let out = Some(tensor(4 * BASE, Layout::bshd(2, 2, 8, 128)));
         let k_out = Some(tensor(5 * BASE, Layout::bshd(2, 2, 2, 128)));
         let p = plan(&config, &RawArgs { q_out: out, k_out, ..args }).unwrap().unwrap();
-        assert_eq!((p.params.rot_lanes, p.params.copy_lanes), (64 / 8, 64 / 8));
+        assert_eq!((p.params.rot_lanes, p.params.copy_lanes), (64 / 16, 64 / 8));
         assert_eq!(p.params.sin_sign, 1.0);
     }
 

@@ -73,16 +73,10 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
             assert!(b.contains("ld.global.nc.v4.b32"), "{name}: frequencies are not loaded 16 bytes at a time");
             assert!(!b.contains("ld.global.nc.v4.f32"), "{name}: reads a table");
         } else {
-            // Tables come through the read-only path, 16 bytes at a time except GPT-J f32 (8)
-            // and MRoPE, whose pairs may read rows of different positions (then one entry at
-            // a time).
-            let table = if name.ends_with("_m") {
-                "ld.global.nc.f32"
-            } else if name.starts_with("rope_gptj_f32") {
-                "ld.global.nc.v2.f32"
-            } else {
-                "ld.global.nc.v4.f32"
-            };
+            // Tables come through the read-only path, 16 bytes at a time (a lane holds at least
+            // 4 pairs: GPT-J lanes are two vectors) except MRoPE, whose pairs may read rows of
+            // different positions (then one entry at a time).
+            let table = if name.ends_with("_m") { "ld.global.nc.f32" } else { "ld.global.nc.v4.f32" };
             assert!(b.contains(table), "{name}: table loads are not {table}");
         }
     }

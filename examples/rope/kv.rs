@@ -115,7 +115,7 @@ fn step(
     let blocks_per_seq = (context + new).div_ceil(bs);
     let blocks = seqs * blocks_per_seq;
     let cache_layout = Layout::bshd(blocks, bs, hk, d);
-    let rope = Rope::new(kernels, RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?;
+    let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?)?;
     // Sequence i owns blocks i * blocks_per_seq ..; its token j is at position context + j.
     let positions: Vec<i32> = (0..tokens).map(|t| (context + t % new) as i32).collect();
     let slots: Vec<i64> = (0..tokens)
@@ -331,7 +331,7 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
     let steps = warmup + runs;
     let bps = steps.div_ceil(bs);
     let cache_layout = Layout::bshd(seqs * bps, bs, hk, d);
-    let rope = Rope::new(kernels, RopeConfig::new(d, max_pos).base(500_000.0).dtype(DType::BF16))?;
+    let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, max_pos).base(500_000.0).dtype(DType::BF16))?)?;
     // Sequence i starts at a scattered position and owns blocks i * bps ..; step k writes
     // its slot k.
     let start: Vec<usize> =

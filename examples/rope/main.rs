@@ -7,6 +7,10 @@
 //! cargo run --release --example rope -- --kv     # only the KV-cache rows
 //! cargo run --release --example rope -- --config path/to/config.json
 //!                                                 # RoPE with that model's settings
+//! ROPE_CUDA_COS_SIN=computed cargo run --release --example rope
+//!                                                 # every `Rope` with that source of cos
+//!                                                 # and sin (`table`, `computed`; unset:
+//!                                                 # the library's choice, `CosSin::Auto`)
 //! ```
 
 use std::process::ExitCode;
@@ -53,9 +57,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// `config` with the source of cos and sin that `ROPE_CUDA_COS_SIN` names (`table` or
+/// `computed`), for comparing the two in one build; unchanged when it is unset.
+fn cos_sin(config: RopeConfig) -> Result<RopeConfig, Box<dyn std::error::Error>> {
+    Ok(match std::env::var("ROPE_CUDA_COS_SIN").as_deref() {
+        Err(std::env::VarError::NotPresent) => config,
+        Ok("table") => config.cos_sin(CosSin::Table),
+        Ok("computed") => config.cos_sin(CosSin::Computed),
+        _ => return Err("ROPE_CUDA_COS_SIN must be `table` or `computed`".into()),
+    })
+}
+
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let device = cust::device::Device::get_device(0)?;
     println!("device: {}  (PTX for {})", device.name()?, rope_cuda::ARCH);
+    let source = cos_sin(RopeConfig::new(2, 1))?.cos_sin;
+    println!("cos and sin: {source:?} (ROPE_CUDA_COS_SIN)");
     let kernels = Kernels::load()?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let mut rows = Vec::new();
@@ -297,7 +314,7 @@ fn model_case<T: RefElem>(
     let mrope = config.mrope;
     let max_pos = config.max_position;
     let (freqs, attention) = config.frequencies()?;
-    let rope = Rope::new(kernels, config)?;
+    let rope = Rope::new(kernels, cos_sin(config)?)?;
     let ids: Vec<i32> = (0..tokens).map(|t| (splitmix64(t as u64) % max_pos as u64) as i32).collect();
     // MRoPE: the streams differ by small grid offsets (an image's rows and columns).
     let streams: Vec<i32> = (0..3)

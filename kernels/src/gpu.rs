@@ -41,6 +41,8 @@ pub type Bits = [u32; 4];
 pub trait Io {
     /// Elements per access.
     const E: usize;
+    /// Whether an access is one vector instruction (8 or 16 bytes), not element by element.
+    const VECTOR: bool;
     /// Bytes per element.
     const SIZE: usize;
     /// The element type's [`Elem::NARROW`].
@@ -281,6 +283,7 @@ pub struct Two<T>(core::marker::PhantomData<T>);
 impl<T: Elem> Io for Vec16<T> {
     const NARROW: Option<Narrow> = T::NARROW;
     const E: usize = 16 / T::SIZE;
+    const VECTOR: bool = true;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
@@ -311,6 +314,7 @@ impl<T: Elem> Io for Vec16<T> {
 impl<T: Elem> Io for Vec8<T> {
     const NARROW: Option<Narrow> = T::NARROW;
     const E: usize = 8 / T::SIZE;
+    const VECTOR: bool = true;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
@@ -381,6 +385,7 @@ unsafe fn st_elem<T: Elem>(p: *mut u8, b: u32) {
 impl<T: Elem> Io for One<T> {
     const NARROW: Option<Narrow> = T::NARROW;
     const E: usize = 1;
+    const VECTOR: bool = false;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
@@ -407,6 +412,7 @@ impl<T: Elem> Io for One<T> {
 impl<T: Elem> Io for Two<T> {
     const NARROW: Option<Narrow> = T::NARROW;
     const E: usize = 2;
+    const VECTOR: bool = false;
     const SIZE: usize = T::SIZE;
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
