@@ -9,6 +9,7 @@ use std::sync::Arc;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeStyle, TableSource};
+use rope_cuda_kernels::params::gptj_lane;
 use rope_cuda_kernels::views::{HeadsView, PositionKind, PositionsView, TableView};
 
 use crate::error::{driver, Error, Result};
@@ -134,8 +135,9 @@ pub(crate) fn positions(
     })
 }
 
-/// Whether 16-byte accesses fit: the style's pairs come in whole 16-byte lanes, head_dim is
-/// whole lanes, and every view's address and strides are multiples of 16 bytes.
+/// Whether 16-byte accesses fit: the style's pairs come in whole lanes (NeoX: 16 bytes of
+/// each half; GPT-J: [`gptj_lane`]), head_dim is whole 16-byte vectors, and every view's
+/// address and strides are multiples of 16 bytes.
 pub(crate) fn vector_fits<'t>(
     style: RopeStyle,
     head_dim: usize,
@@ -146,8 +148,7 @@ pub(crate) fn vector_fits<'t>(
     let e = 16 / size;
     let pairs_ok = match style {
         RopeStyle::NeoX => (rotary_dim / 2) % e == 0,
-        // Two vectors a lane (`gptj_width` in the kernels).
-        RopeStyle::GptJ => rotary_dim % (2 * e) == 0,
+        RopeStyle::GptJ => rotary_dim % gptj_lane(true, e) == 0,
     };
     let aligned = |t: &RawTensor| {
         (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0)
@@ -160,8 +161,7 @@ pub(crate) fn vector_fits<'t>(
 pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize) -> (usize, usize) {
     match (vector, style) {
         (true, RopeStyle::NeoX) => (rotary_dim / 2 / e, e),
-        // Two vectors a lane, as the kernels' `gptj_width`.
-        (true, RopeStyle::GptJ) => (rotary_dim / (2 * e), e),
+        (true, RopeStyle::GptJ) => (rotary_dim / gptj_lane(true, e), e),
         (false, _) => (rotary_dim / 2, 1),
     }
 }

@@ -576,6 +576,14 @@ mod tests {
         let p = plan(&config, &args).unwrap().unwrap();
         assert_eq!(p.key.width, RopeWidth::Scalar, "half = 10 is not a multiple of 4");
         assert_eq!(p.params.rot_lanes, 10);
+        // GPT-J lanes are two vectors: bf16 rotary_dim 24 is three vectors, not whole lanes;
+        // 32 is two lanes.
+        for (rot, vector, lanes) in [(24, false, 12), (32, true, 2)] {
+            let config = RopeConfig::new(128, 64).rotary_dim(rot).style(RopeStyle::GptJ);
+            let (config, args) = args_with(config, DType::BF16);
+            let p = plan(&config, &args).unwrap().unwrap();
+            assert_eq!((p.key.width != RopeWidth::Scalar, p.params.rot_lanes), (vector, lanes), "rotary_dim {rot}");
+        }
     }
 
     fn args_with(config: RopeConfig, dtype: DType) -> (RopeConfig, RawArgs) {

@@ -8,6 +8,18 @@
 pub use crate::div::{Divisor, FastDiv};
 use crate::views::{CacheView, ErrorSink, HeadsView, OwnerView, PositionsView, TableView};
 
+/// Elements of one interleaved (GPT-J) lane for accesses of `e` elements (`vector`: one
+/// vector instruction each): two vectors, so that a thread moves as many bytes of a head as a
+/// NeoX lane (one 16-byte vector of each half); element by element, one pair (`e` = 2). Host
+/// (the lanes it plans) and device (what a lane loads) both read it.
+pub const fn gptj_lane(vector: bool, e: usize) -> usize {
+    if vector {
+        2 * e
+    } else {
+        e
+    }
+}
+
 /// Heads one thread handles (sharing its table entries among them), per kernel: `vector`
 /// for the `_v` kernels, `elem_size` in bytes, `neox` for the style, `computed` for the
 /// kernels computing cos and sin (`_c`). Host and device both read it, so the launch geometry

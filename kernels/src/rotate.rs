@@ -730,17 +730,12 @@ pub(crate) struct NeoX;
 /// vectors (`E` pairs, as a NeoX lane), or one `Two` access (one pair) element by element.
 pub(crate) struct GptJ;
 
-/// Elements of an interleaved lane for accesses of `R`: two vectors where `R` is one (then a
-/// thread moves as many bytes per head as a NeoX lane; H200, bf16 16x4096 in place: 93.7% of
-/// copy from the table against 91.5% with one vector, 94.6% against 87.3% computed), else
-/// `R::E`. The host's lanes (`host/launch.rs`) follow it.
+/// Elements of an interleaved lane for accesses of `R` ([`crate::params::gptj_lane`]: two
+/// vectors where `R` is one; H200, bf16 16x4096 in place: 93.7% of copy from the table against
+/// 91.5% with one vector, 94.6% against 87.3% computed).
 #[inline(always)]
 const fn gptj_width<R: Io>() -> usize {
-    if R::VECTOR {
-        2 * R::E
-    } else {
-        R::E
-    }
+    crate::params::gptj_lane(R::VECTOR, R::E)
 }
 
 impl Style for NeoX {
