@@ -1,5 +1,6 @@
 //! Timing with CUDA events, for the example and the benchmarks (not used by the kernels).
-//! Not part of the library's API (hidden from its documentation; may change at any time).
+//! Not part of the library's API (hidden from its documentation; may change at any time),
+//! and only with the feature `bench-kernels` (this crate's own tests, benches and examples).
 
 use std::time::Instant;
 

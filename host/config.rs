@@ -222,6 +222,30 @@ impl RopeConfig {
         self.scaling.frequencies(self.rotary_dim, self.head_dim, self.base, self.seq_len)
     }
 
+    /// Sets the head dimension. A full rotation stays full (the rotary dimension follows
+    /// the head dimension where it equalled it); a partial one keeps its rotary dimension.
+    ///
+    /// ```
+    /// use rope_cuda::RopeConfig;
+    /// let c = RopeConfig::new(64, 4096).head_dim(128).max_position(8192);
+    /// assert_eq!((c.head_dim, c.rotary_dim, c.max_position), (128, 128, 8192));
+    /// let partial = RopeConfig::new(128, 4096).rotary_dim(32).head_dim(256);
+    /// assert_eq!((partial.head_dim, partial.rotary_dim), (256, 32));
+    /// ```
+    pub fn head_dim(mut self, head_dim: usize) -> Self {
+        if self.rotary_dim == self.head_dim {
+            self.rotary_dim = head_dim;
+        }
+        self.head_dim = head_dim;
+        self
+    }
+
+    /// Sets the largest position plus one (see [`RopeConfig::max_position`]).
+    pub fn max_position(mut self, max_position: usize) -> Self {
+        self.max_position = max_position;
+        self
+    }
+
     /// Sets the rotary dimension.
     pub fn rotary_dim(mut self, rotary_dim: usize) -> Self {
         self.rotary_dim = rotary_dim;

@@ -7,6 +7,7 @@ use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
+use rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS;
 use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, TableView};
 
 use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
@@ -25,10 +26,6 @@ use crate::tensor::{Element, Positions, RawPositions, RawTensor, Tensor, TensorM
 /// (decode steps) settle them inside the one launch: each block compares its tokens' slots
 /// with the later tokens' in shared memory.
 pub const KV_SCAN_MAX_TOKENS: usize = 256;
-
-/// Calls with at most this many tokens use one head per thread (more threads, shorter
-/// chains: latency); larger calls share each table load across several heads (bandwidth).
-const KV_PREFILL_MAX_TOKENS: usize = if option_env!("ROPE_CUDA_KV_NO_PREFILL").is_some() { 0 } else { 8192 };
 
 /// A key cache and a value cache of one layout, written by [`Rope::append_kv`].
 ///
@@ -124,7 +121,10 @@ pub struct RawKvCache {
 /// rope.append_kv(
 ///     KvAppend { q: Some(&mut q), k: &k, v: &v, cache: &mut cache, positions: Positions::IdsI32(pos), slots: Some(slots) },
 ///     stream,
-/// )
+/// )?;
+/// // The same, built: the optional parts (q, slots) only where there are any.
+/// let append = KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(pos)).q(&mut q).slots(slots);
+/// rope.append_kv(append, stream)
 /// # }
 /// ```
 #[derive(Debug)]
@@ -141,6 +141,31 @@ pub struct KvAppend<'r, 'a, T> {
     pub positions: Positions<'a>,
     /// Paged caches: the i64 slot mapping, one per token (`-1`: padding, not written).
     pub slots: Option<&'a DeviceSlice<i64>>,
+}
+
+impl<'r, 'a, T> KvAppend<'r, 'a, T> {
+    /// An append of `k` and `v` into `cache` at `positions`: no queries, no slot mapping
+    /// (a contiguous cache). Add them with [`KvAppend::q`] and [`KvAppend::slots`].
+    pub fn new(
+        k: &'r Tensor<'a, T>,
+        v: &'r Tensor<'a, T>,
+        cache: &'r mut KvCache<'a, T>,
+        positions: Positions<'a>,
+    ) -> Self {
+        KvAppend { q: None, k, v, cache, positions, slots: None }
+    }
+
+    /// Also rotates the queries `q` in place, in the same launch.
+    pub fn q(mut self, q: &'r mut TensorMut<'a, T>) -> Self {
+        self.q = Some(q);
+        self
+    }
+
+    /// The slot mapping of a paged cache (one i64 per token, `-1`: padding).
+    pub fn slots(mut self, slots: &'a DeviceSlice<i64>) -> Self {
+        self.slots = Some(slots);
+        self
+    }
 }
 
 /// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]).

@@ -18,25 +18,7 @@ use crate::layout::{disjoint, Layout};
 use crate::records::Records;
 use crate::tensor::{RawPositions, RawTensor};
 
-/// Threads per block: small blocks leave the fewest registers unused per SM. The build-time
-/// variable `ROPE_CUDA_BLOCK_THREADS` (a multiple of 32 up to 1024) overrides it, a tuning
-/// knob for benchmarks.
-pub(crate) const BLOCK_THREADS: u32 = match option_env!("ROPE_CUDA_BLOCK_THREADS") {
-    Some(v) => parse_threads(v),
-    None => 128,
-};
-
-const fn parse_threads(v: &str) -> u32 {
-    let (mut n, mut i) = (0u32, 0);
-    while i < v.len() {
-        let d = v.as_bytes()[i];
-        assert!(d.is_ascii_digit() && n < 1024, "ROPE_CUDA_BLOCK_THREADS must be a number");
-        n = n * 10 + (d - b'0') as u32;
-        i += 1;
-    }
-    assert!(n % 32 == 0 && n > 0 && n <= 1024, "ROPE_CUDA_BLOCK_THREADS must be a multiple of 32 up to 1024");
-    n
-}
+pub(crate) use rope_cuda_kernels::tuning::BLOCK_THREADS;
 
 /// The view lies inside its buffer, and its address is aligned to its elements.
 pub(crate) fn check_view(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {

@@ -70,6 +70,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+#[cfg(feature = "bench-kernels")]
 #[doc(hidden)]
 pub mod bench;
 #[cfg(feature = "cudarc")]
@@ -99,13 +100,27 @@ pub use config::{
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
 pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
-pub use kernels::{Kernels, PTX};
+pub use kernels::{Kernels, LoadStats, PTX};
 pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
 pub use rope::{validate, Rope};
+pub use rope_cuda_kernels::entries::EntryPoint;
 pub use scaling::RopeScaling;
 pub use table::{row as table_row, HostTable, RopeTable};
 pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
+
+pub use rope_cuda_kernels::keys::TableSource;
+
+/// Moved to [`seed::KvShape`]; this alias keeps code written against the old path building.
+#[deprecated(note = "moved: use rope_cuda::seed::KvShape")]
+pub type KvShape = seed::KvShape;
+/// Moved to [`seed::KvUpdate`]; this alias keeps code written against the old path building.
+#[deprecated(note = "moved: use rope_cuda::seed::KvUpdate")]
+pub type KvUpdate = seed::KvUpdate;
+/// Moved to [`seed::RotaryModel`]; this alias keeps code written against the old path
+/// building.
+#[deprecated(note = "moved: use rope_cuda::seed::RotaryModel")]
+pub type RotaryModel = seed::RotaryModel;
 
 /// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).
 pub const ARCH: &str = env!("ROPE_CUDA_ARCH");

@@ -1,7 +1,7 @@
 //! The f64 CPU reference the tests compare the kernels with, and the seeded input generator
 //! shared with the golden-data script (`tests/data/make_golden.py`).
 
-use rope_cuda_kernels::math::{inv_freq, turns_at, turns_of};
+use rope_cuda_kernels::math::{inv_freq, turns_at, turns_of, Turns};
 
 use crate::config::{Direction, Mrope, RopeStyle};
 use crate::tensor::Element;
@@ -110,13 +110,20 @@ pub fn rope_row_streams(
 pub fn sin_cos(position: f64, f: f64) -> (f64, f64) {
     if (0.0..4_294_967_296.0).contains(&position) && position.fract() == 0.0 {
         if let Some(r) = turns_of(f.abs()) {
-            let t = turns_at(position as u32, r);
-            // Signed turns: the angle in [-π, π), where the f64 product rounds least.
-            let (s, c) = (t as i64 as f64 * (std::f64::consts::TAU / 18_446_744_073_709_551_616.0)).sin_cos();
-            return (if f < 0.0 { -s } else { s }, c);
+            return sin_cos_turns(position as u32, r, f < 0.0);
         }
     }
     (position * f).sin_cos()
+}
+
+/// `(sin, cos)` of position `p` times the frequency whose turns are `r` ([`turns_of`] of its
+/// magnitude; `negative` for a negative frequency): [`sin_cos`] with the turns computed once
+/// per frequency (the host's tables call it for every row).
+pub(crate) fn sin_cos_turns(p: u32, r: Turns, negative: bool) -> (f64, f64) {
+    let t = turns_at(p, r);
+    // Signed turns: the angle in [-π, π), where the f64 product rounds least.
+    let (s, c) = (t as i64 as f64 * (std::f64::consts::TAU / 18_446_744_073_709_551_616.0)).sin_cos();
+    (if negative { -s } else { s }, c)
 }
 
 /// Rotate-half (NeoX) RoPE of one row in f64: `out = x * cos + rotate_half(x) * sin`, with

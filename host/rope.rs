@@ -6,6 +6,7 @@ use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
 use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
+use rope_cuda_kernels::tuning::ROPE_FEW_THREADS as FEW_THREADS;
 use rope_cuda_kernels::views::{ErrorSink, TableView};
 
 use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
@@ -301,10 +302,6 @@ pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     let table = detached_table(config.rotary_dim, config.source());
     plan(config, args, table, ErrorSink::default()).map(|_| ())
 }
-
-/// Below this many threads at [`heads_per_thread`] heads each, a launch takes one head per
-/// thread instead (256 blocks of 128: about two per multiprocessor of an H200).
-const FEW_THREADS: u64 = 1 << 15;
 
 /// A validated launch.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -2,7 +2,7 @@
 //! the host ([`HostTable`]: angles formed in f64, stored in f32) for callers who want one.
 
 use rope_cuda_kernels::keys::TableSource;
-use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, ANGLE_STEPS};
+use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, Turns, ANGLE_STEPS};
 use rope_cuda_kernels::views::TableView;
 
 use crate::alloc::DeviceAlloc;
@@ -33,9 +33,12 @@ pub struct HostTable {
 impl HostTable {
     /// Builds the table of plain RoPE: `inv_freq[i] = 1 / base^(2i / rotary_dim)`.
     ///
-    /// Each angle `p * inv_freq[i]` is formed and reduced in f64, so every stored value is
-    /// the correctly rounded f32 of a value within a few f64 ulps of the exact one, at any
-    /// position (position 2^20 included).
+    /// Each angle `p * inv_freq[i]` is reduced exactly (the position times the frequency in
+    /// 96-bit turns, whole turns dropped, as [`crate::reference::sin_cos`] does), and only the
+    /// reduced angle, in `[-π, π)`, goes through f64 `sin_cos`: every stored value (high part
+    /// plus residual) is within a few f64 ulps of the exact cosine or sine of the f64
+    /// frequency times the position, at every position a table can have. (A plain f64 product
+    /// would be off by up to 6e-11 rad below 2^20, and 1.25e-7 rad past it.)
     ///
     /// ```
     /// let table = rope_cuda::HostTable::new(64, 10_000.0, 16)?;
@@ -78,8 +81,11 @@ impl HostTable {
         let n = max_position * half;
         let (mut cos, mut sin, mut cos_lo, mut sin_lo) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        // Each frequency's turns once; every row from them (positions below 2^31: exact).
+        let turns: Vec<Option<Turns>> = inv_freq.iter().map(|&f| turns_of(f)).collect();
         for p in 0..max_position {
-            for e in row(inv_freq, attention, p) {
+            for (&f, r) in inv_freq.iter().zip(&turns) {
+                let e = entry(f, *r, attention, p);
                 cos.push(e[0]);
                 sin.push(e[1]);
                 cos_lo.push(e[2]);
@@ -101,11 +107,19 @@ impl HostTable {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn row(inv_freq: &[f64], attention: f64, p: usize) -> impl Iterator<Item = [f32; 4]> + '_ {
-    inv_freq.iter().map(move |&f| {
-        let (s, c) = (p as f64 * f).sin_cos();
-        let ((c, cl), (s, sl)) = (split_f64(attention * c), split_f64(attention * s));
-        [c, s, cl, sl]
-    })
+    inv_freq.iter().map(move |&f| entry(f, turns_of(f), attention, p))
+}
+
+/// One pair's `[cos, sin, cos_lo, sin_lo]` at position `p`: the angle reduced exactly
+/// ([`crate::reference::sin_cos`]: `p` times the frequency's turns `r`, whole turns dropped)
+/// wherever `p < 2^32` and `r` exists, the plain f64 product elsewhere.
+fn entry(f: f64, r: Option<Turns>, attention: f64, p: usize) -> [f32; 4] {
+    let (s, c) = match (u32::try_from(p), r) {
+        (Ok(p), Some(r)) => crate::reference::sin_cos_turns(p, r, false),
+        _ => crate::reference::sin_cos(p as f64, f),
+    };
+    let ((c, cl), (s, sl)) = (split_f64(attention * c), split_f64(attention * s));
+    [c, s, cl, sl]
 }
 
 /// Where the kernels take cos and sin from, on the device: a cos/sin table of `max_position`

@@ -297,3 +297,58 @@ fn computed_rotation_is_within_one_ulp_in_bf16() {
 fn computed_rotation_is_within_one_ulp_in_f16() {
     rotation_sweep::<half::f16>();
 }
+
+/// The host's table rows (`table_row`, the rows `HostTable` and the library's table source
+/// hold) are exact at every position a table can have: for every `rope_type`'s frequencies,
+/// `cos + cos_lo` and `sin + sin_lo` within `2^-46` (the two-f32 split's own rounding) of the
+/// exact cosine and sine of the position times the f64 frequency, times the attention
+/// factor, at positions from `2^16` to `2^31 - 1`. (Rows formed from the plain f64 product
+/// are off by about `1e-11` here already at `2^17`.) And `HostTable` stores those rows.
+#[test]
+fn table_rows_are_exact_at_every_position() {
+    use rope_cuda::{table_row, HostTable, RopeConfig};
+    let files = [
+        include_str!("data/configs/qwen2.5-7b.json"),
+        include_str!("data/configs/llama-linear.json"),
+        include_str!("data/configs/llama-dynamic.json"),
+        include_str!("data/configs/qwen3-yarn.json"),
+        include_str!("data/configs/deepseek-v2-lite.json"),
+        include_str!("data/configs/phi-3-mini-128k.json"),
+        include_str!("data/configs/llama-3.1-8b.json"),
+        include_str!("data/configs/gpt-j-6b.json"),
+    ];
+    let mut configs: Vec<RopeConfig> = files.iter().map(|j| RopeConfig::from_hf_config(j).unwrap()).collect();
+    configs
+        .push(RopeConfig::from_hf_config_layer(include_str!("data/configs/per-layer.json"), "full_attention").unwrap());
+    let mut cc = Consts::new().unwrap();
+    let mut worst = 0f64;
+    for (k, config) in configs.iter().enumerate() {
+        let (freqs, attention) = config.frequencies().unwrap();
+        let mut positions = vec![1u32 << 16, (1 << 17) + 3, 1 << 20, (1 << 24) - 1, (1 << 31) - 1];
+        positions
+            .extend((0..4).map(|i| (1 << 16) + (splitmix64(77 + k as u64 * 8 + i) % ((1 << 31) - (1 << 16))) as u32));
+        for &p in &positions {
+            let row: Vec<[f32; 4]> = table_row(&freqs, attention, p as usize).collect();
+            // Every fourth pair, and the last: the high and low frequencies both.
+            for i in (0..freqs.len()).step_by(4).chain([freqs.len() - 1]) {
+                let (s, c) = exact(p, freqs[i], P, &mut cc);
+                let a = big(attention, P);
+                let [ch, sh, cl, sl] = row[i];
+                let got_c = big(ch as f64, P).add(&big(cl as f64, P), P, RM);
+                let got_s = big(sh as f64, P).add(&big(sl as f64, P), P, RM);
+                let ec = diff(&got_c, &c.mul(&a, P, RM), &mut cc) / attention;
+                let es = diff(&got_s, &s.mul(&a, P, RM), &mut cc) / attention;
+                worst = worst.max(ec).max(es);
+                assert!(ec.max(es) < 2f64.powi(-46), "config {k} position {p} pair {i}: off by {ec:e} / {es:e}");
+            }
+        }
+        // A table holds the same rows (its last rows, past 2^16).
+        let table = HostTable::from_frequencies(&freqs, attention, (1 << 16) + 2).unwrap();
+        let p = (1 << 16) + 1;
+        for (i, e) in table_row(&freqs, attention, p).enumerate() {
+            let at = p * table.half + i;
+            assert_eq!([table.cos[at], table.sin[at], table.cos_lo[at], table.sin_lo[at]], e, "config {k} pair {i}");
+        }
+    }
+    assert!(worst > 0.0, "the comparison measured nothing");
+}

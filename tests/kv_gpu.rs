@@ -11,8 +11,8 @@ use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
 use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    Direction, Error, KvCache, Layout, PositionKind, Positions, RawKvArgs, RawPositions, RawTensor, Rope, RopeConfig,
-    RopeStyle, Tensor, TensorMut, KV_SCAN_MAX_TOKENS,
+    CosSin, Direction, Error, KvCache, Layout, PositionKind, Positions, RawKvArgs, RawPositions, RawTensor, Rope,
+    RopeConfig, RopeStyle, Tensor, TensorMut, KV_SCAN_MAX_TOKENS,
 };
 
 /// A golden file of `tests/data/make_golden_kv.py`.
@@ -258,6 +258,8 @@ struct Case {
     cache: CacheKind,
     /// q, k and v as slices of one fused QKV buffer (else separate buffers).
     fused: bool,
+    /// Where the kernels take cos and sin from (the library's table, or computed).
+    source: CosSin,
 }
 
 const MAX_POS: usize = 4096;
@@ -265,7 +267,7 @@ const BASE: f64 = 10_000.0;
 
 /// Runs one fused append and checks q, both caches (every element) against the model.
 fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
-    let Case { style, head_dim: d, rotary_dim: rot, q_heads: hq, kv_heads: hk, batch, seq, cache, fused } = c;
+    let Case { style, head_dim: d, rotary_dim: rot, q_heads: hq, kv_heads: hk, batch, seq, cache, fused, source } = c;
     let tokens = batch * seq;
     let mut rng = seed;
     let mut next = |n: usize| {
@@ -329,7 +331,7 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let k_cache0 = conv(uniform_vec(seed, 13, cache_len));
     let v_cache0 = conv(uniform_vec(seed, 14, cache_len));
 
-    let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE);
+    let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
     let rope = Rope::new(&g.kernels, config).unwrap();
     let mut kc = upload_t(&k_cache0);
     let mut vc = upload_t(&v_cache0);
@@ -460,22 +462,25 @@ fn cases() -> Vec<Case> {
         CacheKind::PagedNhd(70, 1),
         CacheKind::PagedHnd(33, 1),
     ];
-    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
-        for (i, cache) in caches.into_iter().enumerate() {
-            for (j, (hq, hk)) in [(8, 2), (4, 4), (0, 1)].into_iter().enumerate() {
-                let (d, rot) = [(64, 64), (128, 96), (80, 32)][(i + j) % 3];
-                let fused = (i + j) % 2 == 1;
-                v.push(Case {
-                    style,
-                    head_dim: d,
-                    rotary_dim: rot,
-                    q_heads: hq,
-                    kv_heads: hk,
-                    batch: 3,
-                    seq: 5,
-                    cache,
-                    fused,
-                });
+    for source in [CosSin::Table, CosSin::Computed] {
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            for (i, cache) in caches.into_iter().enumerate() {
+                for (j, (hq, hk)) in [(8, 2), (4, 4), (0, 1)].into_iter().enumerate() {
+                    let (d, rot) = [(64, 64), (128, 96), (80, 32)][(i + j) % 3];
+                    let fused = (i + j) % 2 == 1;
+                    v.push(Case {
+                        style,
+                        head_dim: d,
+                        rotary_dim: rot,
+                        q_heads: hq,
+                        kv_heads: hk,
+                        batch: 3,
+                        seq: 5,
+                        cache,
+                        fused,
+                        source,
+                    });
+                }
             }
         }
     }
@@ -524,7 +529,12 @@ fn append_large_calls_and_claims() {
     .into_iter()
     .enumerate()
     {
-        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+        for (style, source) in [
+            (RopeStyle::NeoX, CosSin::Table),
+            (RopeStyle::GptJ, CosSin::Table),
+            (RopeStyle::NeoX, CosSin::Computed),
+            (RopeStyle::GptJ, CosSin::Computed),
+        ] {
             let c = Case {
                 style,
                 head_dim: 64,
@@ -535,6 +545,7 @@ fn append_large_calls_and_claims() {
                 seq,
                 cache,
                 fused: false,
+                source,
             };
             append_case::<bf16>(&g, c, seed.wrapping_add(i as u64));
             append_case::<f32>(&g, c, seed.wrapping_add(i as u64 + 100));

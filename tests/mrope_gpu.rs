@@ -9,9 +9,9 @@ use common::{download_t, gpu, test_seed, upload_t, Gpu, TestElem};
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row_streams, splitmix64, uniform_vec};
 use rope_cuda::{
-    validate, validate_append, ConfigError, DType, Direction, Error, HfConfig, KvAppend, KvCache, Layout, Mrope,
-    PositionKind, Positions, RawArgs, RawKvArgs, RawKvCache, RawPositions, RawTensor, Rope, RopeConfig, RopeStyle,
-    StyleSource, Tensor, TensorMut,
+    validate, validate_append, ConfigError, CosSin, DType, Direction, Error, HfConfig, KvAppend, KvCache, Layout,
+    Mrope, PositionKind, Positions, RawArgs, RawKvArgs, RawKvCache, RawPositions, RawTensor, Rope, RopeConfig,
+    RopeStyle, StyleSource, Tensor, TensorMut,
 };
 
 /// `[3, tokens]` positions of `batch` sequences of `seq` tokens, image-like: each sequence has
@@ -118,12 +118,26 @@ const YARN_VL: &str = r#"{"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_
 #[test]
 fn mrope_matches_the_reference_in_every_dtype() {
     let Some(g) = gpu("mrope_matches_the_reference_in_every_dtype") else { return };
-    for (i, c) in configs().into_iter().enumerate() {
-        let seed = test_seed("mrope") + i as u64;
-        rope_case::<f32>(&g, c.clone(), seed);
-        rope_case::<f16>(&g, c.clone(), seed);
-        rope_case::<bf16>(&g, c, seed);
+    // Both sources of cos and sin: the library's table and computed.
+    for source in [CosSin::Table, CosSin::Computed] {
+        for (i, c) in configs().into_iter().enumerate() {
+            let (seed, c) = (test_seed("mrope") + i as u64, c.cos_sin(source));
+            rope_case::<f32>(&g, c.clone(), seed);
+            rope_case::<f16>(&g, c.clone(), seed);
+            rope_case::<bf16>(&g, c, seed);
+        }
     }
+    mrope_kernels_of_both_sources_ran(&g, "rope_");
+}
+
+/// The MRoPE entry points (`_m`) of both sources (`_m_c`: computed) that `prefix`'s tests
+/// launched: at least one of each.
+fn mrope_kernels_of_both_sources_ran(g: &Gpu, prefix: &str) {
+    let loaded: Vec<&str> = g.kernels.loaded().map(|e| e.name()).filter(|n| n.starts_with(prefix)).collect();
+    let table = loaded.iter().filter(|n| n.ends_with("_m")).count();
+    let computed = loaded.iter().filter(|n| n.ends_with("_m_c")).count();
+    eprintln!("{prefix}: MRoPE kernels launched: {table} from the table, {computed} computed: {loaded:?}");
+    assert!(table > 0 && computed > 0, "{prefix}: MRoPE kernels of a source never ran: {loaded:?}");
 }
 
 /// A text-only call (three equal positions) gives the plain RoPE result bit for bit.
@@ -268,15 +282,19 @@ fn append_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, config: RopeConf
 #[test]
 fn mrope_fused_paged_append_matches_the_reference() {
     let Some(g) = gpu("mrope_fused_paged_append_matches_the_reference") else { return };
-    for (i, c) in configs().into_iter().enumerate() {
-        // Decode-sized (scanned) and prefill-sized (claimed) calls.
-        for seq in [1, 3, 200] {
-            let seed = test_seed("mrope_append") + (i * 10 + seq) as u64;
-            append_case::<f32>(&g, c.clone(), seq, seed);
-            append_case::<bf16>(&g, c.clone(), seq, seed);
+    for source in [CosSin::Table, CosSin::Computed] {
+        for (i, c) in configs().into_iter().enumerate() {
+            let c = c.cos_sin(source);
+            // Decode-sized (scanned) and prefill-sized (claimed) calls.
+            for seq in [1, 3, 200] {
+                let seed = test_seed("mrope_append") + (i * 10 + seq) as u64;
+                append_case::<f32>(&g, c.clone(), seq, seed);
+                append_case::<bf16>(&g, c.clone(), seq, seed);
+            }
+            append_case::<f16>(&g, c, 5, 77);
         }
-        append_case::<f16>(&g, c, 5, 77);
     }
+    mrope_kernels_of_both_sources_ran(&g, "kv_");
 }
 
 const BASE: u64 = 1 << 32;

@@ -108,12 +108,22 @@ fn rope_case<T: TestElem + cust::memory::DeviceCopy>(
     seed: u64,
     tokens: usize,
 ) -> Vec<Vec<T>> {
-    let heads = 4;
+    rope_case_at(g, name, config, seed, &positions(seed, tokens, config.max_position))
+}
+
+/// [`rope_case`] at the positions `pos`.
+fn rope_case_at<T: TestElem + cust::memory::DeviceCopy>(
+    g: &Gpu,
+    name: &str,
+    config: &RopeConfig,
+    seed: u64,
+    pos: &[i64],
+) -> Vec<Vec<T>> {
+    let (heads, tokens, pos) = (4, pos.len(), pos.to_vec());
     let mut outs = Vec::new();
     for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
         let config = config.clone().style(style).dtype(T::DTYPE);
         let rope = Rope::new(&g.kernels, config.clone()).unwrap();
-        let pos = positions(seed, tokens, config.max_position);
         let x: Vec<T> = inputs(&config, &pos, heads, seed);
         let q = upload_t(&x);
         let mut out = upload_t(&vec![T::from_bits(T::POISON_BITS); x.len()]);
@@ -149,12 +159,22 @@ fn append_case<T: TestElem + cust::memory::DeviceCopy>(
     config: &RopeConfig,
     seq: usize,
 ) -> (Vec<T>, Vec<T>) {
+    append_case_at(g, name, config, &positions(77 + seq as u64, 2 * seq, config.max_position))
+}
+
+/// [`append_case`] at the positions `pos` (two sequences of half of them each).
+fn append_case_at<T: TestElem + cust::memory::DeviceCopy>(
+    g: &Gpu,
+    name: &str,
+    config: &RopeConfig,
+    pos: &[i64],
+) -> (Vec<T>, Vec<T>) {
     let (batch, hq, hk) = (2, 4, 2);
-    let tokens = batch * seq;
+    let (tokens, seq, pos) = (pos.len(), pos.len() / 2, pos.to_vec());
+    assert_eq!(tokens, batch * seq);
     let config = config.clone().dtype(T::DTYPE);
     let d = config.head_dim;
     let rope = Rope::new(&g.kernels, config.clone()).unwrap();
-    let pos = positions(77 + seq as u64, tokens, config.max_position);
     let slots: Vec<i64> = (0..tokens as i64).map(|t| (t * 7 + 1) % (4 * tokens as i64)).collect();
     let xq: Vec<T> = inputs(&config, &pos, hq, 5);
     let xk: Vec<T> = inputs(&config, &pos, hk, 6);
@@ -209,6 +229,31 @@ fn the_fused_append_is_exact_up_to_position_2_pow_31() {
                 append_case::<f32>(&g, name, &c, seq);
             }
             append_case::<f16>(&g, name, &c, 4);
+        }
+    }
+}
+
+/// The library's table (`CosSin::Table`) is exact where products cancel, at table positions
+/// from `2^16` to the table's end, for every `rope_type` and both styles, in RoPE and the
+/// fused append: its rows come from the exactly reduced angle (rows formed from a plain f64
+/// product gave bf16 outputs several ulps off from about `2^17` up).
+#[test]
+fn table_rows_are_exact_under_cancellation_to_the_table_end() {
+    let Some(g) = gpu("table_rows_are_exact_under_cancellation_to_the_table_end") else { return };
+    let end: i64 = 3 << 16;
+    for (i, (name, config)) in configs().into_iter().enumerate() {
+        let config = RopeConfig { max_position: end as usize, ..config }.cos_sin(CosSin::Table);
+        let seed = 2900 + i as u64;
+        // 2^16, 2^17, the table's last rows, and random rows between.
+        let mut pos = vec![1 << 16, (1 << 17) + 1, end - 1, end - 2];
+        pos.extend(
+            (pos.len()..24).map(|j| (1 << 16) + (splitmix64(seed ^ j as u64) % (end as u64 - (1 << 16))) as i64),
+        );
+        rope_case_at::<bf16>(&g, name, &config, seed, &pos);
+        rope_case_at::<f16>(&g, name, &config, seed, &pos);
+        rope_case_at::<f32>(&g, name, &config, seed, &pos);
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            append_case_at::<bf16>(&g, name, &config.clone().style(style), &pos);
         }
     }
 }

@@ -15,7 +15,7 @@ use common::{download_t, gpu, test_seed, upload_t, Gpu, TestElem};
 use cust::memory::DeviceBuffer;
 use rope_cuda::reference::{rope_row, rope_row_freqs, splitmix64, uniform};
 use rope_cuda::{
-    DType, Direction, Error, HeadGrouping, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    CosSin, DType, Direction, Error, HeadGrouping, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 const MAX_POS: usize = 4096;
@@ -316,7 +316,10 @@ fn matrix<T: TestElem>(test: &str) {
     let seed = test_seed(test);
     let mut failures = Vec::new();
     let mut cases = 0;
-    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+    // Both sources of cos and sin (the library's table, computed), both styles.
+    for (source, style) in
+        [CosSin::Table, CosSin::Computed].into_iter().flat_map(|s| [(s, RopeStyle::NeoX), (s, RopeStyle::GptJ)])
+    {
         // Both kernel families at this size: one head a thread (what few tokens get) and
         // several (what many tokens get).
         for ((hd, rot), grouping) in [(128, 128), (128, 64), (80, 32), (256, 256), (64, 64)]
@@ -328,7 +331,8 @@ fn matrix<T: TestElem>(test: &str) {
                 .style(style)
                 .dtype(T::DTYPE)
                 .base(10_000.0)
-                .grouping(grouping);
+                .grouping(grouping)
+                .cos_sin(source);
             let rope = Rope::new(&g.kernels, config).unwrap();
             for heads in [(32, 8), (17, 1), (8, 8)] {
                 for kind in [Storage::Bshd, Storage::Bhsd, Storage::PackedQkv, Storage::PackedOdd] {
@@ -338,7 +342,7 @@ fn matrix<T: TestElem>(test: &str) {
                             let case_seed = seed.wrapping_add(cases);
                             if let Some(e) = case::<T>(&g, &rope, kind, heads, pos_kind, in_place, case_seed) {
                                 failures.push(format!(
-                                    "{} {style:?} hd {hd} rot {rot} {grouping:?} heads {heads:?} {kind:?} {pos_kind:?} in_place {in_place} seed {case_seed}: {e}",
+                                    "{} {source:?} {style:?} hd {hd} rot {rot} {grouping:?} heads {heads:?} {kind:?} {pos_kind:?} in_place {in_place} seed {case_seed}: {e}",
                                     T::NAME
                                 ));
                             }
@@ -348,7 +352,7 @@ fn matrix<T: TestElem>(test: &str) {
             }
         }
     }
-    assert_eq!(cases, 2 * 5 * 2 * 3 * 4 * 4 * 2);
+    assert_eq!(cases, 2 * 2 * 5 * 2 * 3 * 4 * 4 * 2);
     assert!(
         failures.is_empty(),
         "{} of {cases} cases failed:\n{}",

@@ -4,14 +4,17 @@
 //! each key type's [`Key::entry_point`]. Adding a kernel is one line; a key, a name and a
 //! parameter type cannot disagree, since all three come from that line.
 
-use crate::keys::{
-    BenchEmpty, BenchSpin, BenchTouch, ClaimKey, DType, KvKey, KvWidth, RopeKey, RopeStyle, RopeWidth, TableSource,
-};
-use crate::params::{KvParams, RopeParams, Touch};
+#[cfg(feature = "bench")]
+use crate::keys::{BenchEmpty, BenchSpin, BenchTouch};
+use crate::keys::{ClaimKey, DType, KvKey, KvWidth, RopeKey, RopeStyle, RopeWidth, TableSource};
+#[cfg(feature = "bench")]
+use crate::params::Touch;
+use crate::params::{KvParams, RopeParams};
 
+#[cfg(all(target_arch = "nvptx64", feature = "bench"))]
+use crate::bench::{empty, spin, touch};
 #[cfg(target_arch = "nvptx64")]
 use crate::{
-    bench::{empty, spin, touch},
     gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32},
     kv::{claim, kv_append},
     params::{heads_per_thread, kv_heads_per_thread},
@@ -28,7 +31,17 @@ pub trait Key: Copy + core::fmt::Debug {
 }
 
 macro_rules! entry_points {
-    ($(
+    // Each group gets its `cfg` (`all()`, always, where the list gives none), then the list
+    // is made in one go.
+    (@gate [$($done:tt)*]) => { entry_points! { @make $($done)* } };
+    (@gate [$($done:tt)*] #[cfg($cfg:meta)] $key:ident($params:ty) => $body:ident { $($rows:tt)* } $($rest:tt)*) => {
+        entry_points! { @gate [$($done)* #[cfg($cfg)] $key($params) => $body { $($rows)* }] $($rest)* }
+    };
+    (@gate [$($done:tt)*] $key:ident($params:ty) => $body:ident { $($rows:tt)* } $($rest:tt)*) => {
+        entry_points! { @gate [$($done)* #[cfg(all())] $key($params) => $body { $($rows)* }] $($rest)* }
+    };
+    (@make $(
+        #[cfg($cfg:meta)]
         $key:ident($params:ty) => $body:ident {
             $($name:ident { $($field:ident: $val:pat),* } [$($g:tt)*];)*
         }
@@ -36,19 +49,20 @@ macro_rules! entry_points {
         /// Every entry point of the PTX, named as in the PTX.
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum EntryPoint { $($(#[doc = concat!("`", stringify!($name), "`")] $name,)*)* }
+        pub enum EntryPoint { $($(#[cfg($cfg)] #[doc = concat!("`", stringify!($name), "`")] $name,)*)* }
 
         impl EntryPoint {
             /// Every entry point, in the order of the list (`ep as usize` is its index).
-            pub const ALL: &'static [EntryPoint] = &[$($(EntryPoint::$name,)*)*];
+            pub const ALL: &'static [EntryPoint] = &[$($(#[cfg($cfg)] EntryPoint::$name,)*)*];
 
             /// The entry point's name in the PTX.
             pub const fn name(self) -> &'static str {
-                match self { $($(EntryPoint::$name => stringify!($name),)*)* }
+                match self { $($(#[cfg($cfg)] EntryPoint::$name => stringify!($name),)*)* }
             }
         }
 
         $(
+            #[cfg($cfg)]
             impl Key for $key {
                 type Params = $params;
                 #[inline]
@@ -69,6 +83,7 @@ macro_rules! entry_points {
                 /// Launched only by the host library, after the checks the body's `# Safety`
                 /// section asks for.
                 #[cfg(target_arch = "nvptx64")]
+                #[cfg($cfg)]
                 #[no_mangle]
                 pub unsafe extern "ptx-kernel" fn $name(p: $params) {
                     // SAFETY: the host launches this only after the body's checks.
@@ -79,7 +94,7 @@ macro_rules! entry_points {
     };
 }
 
-entry_points! {
+entry_points! { @gate []
     RopeKey(RopeParams) => rope {
         rope_neox_f32_s { style: RopeStyle::NeoX, dtype: DType::F32, width: RopeWidth::Scalar, mrope: false, source: TableSource::Table } [NeoX, One<F32>, One<F32>, LibTable, OneRow, 1];
         rope_neox_f32_s_c { style: RopeStyle::NeoX, dtype: DType::F32, width: RopeWidth::Scalar, mrope: false, source: TableSource::Computed } [NeoX, One<F32>, One<F32>, Computed, OneRow, 1];
@@ -264,12 +279,15 @@ entry_points! {
     ClaimKey(KvParams) => claim {
         kv_claim {} [];
     }
+    #[cfg(feature = "bench")]
     BenchEmpty(u64) => empty {
         bench_empty {} [];
     }
+    #[cfg(feature = "bench")]
     BenchSpin(u64) => spin {
         bench_spin {} [];
     }
+    #[cfg(feature = "bench")]
     BenchTouch(Touch) => touch {
         bench_touch {} [];
     }

@@ -106,13 +106,16 @@ pub struct KvKey {
 pub struct ClaimKey;
 
 /// `bench_empty`: does nothing (a launch's own cost).
+#[cfg(feature = "bench")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchEmpty;
 
 /// `bench_spin`: spins for a number of nanoseconds.
+#[cfg(feature = "bench")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchSpin;
 
 /// `bench_touch`: copies 16-byte chunks, one per thread.
+#[cfg(feature = "bench")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchTouch;

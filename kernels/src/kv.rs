@@ -6,13 +6,8 @@ use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{block_rows_bytes, groups, work_item, KvParams};
 use crate::rotate::{BlockRows, Entries, PairRows, Rows, Source, Style, Table};
+use crate::tuning::KV_LOADS_AFTER_FILL;
 use crate::views::{Duplicates, HeadsView, SlotOf};
-
-/// Whether the non-scanning kernels that compute their block rows load their first head after
-/// the rows: the head is then not held in registers across the rows' arithmetic (H200: the
-/// fused 16x4096 prefill at 74.4–75.4% of copy against 71.1%, NeoX bf16 `_v` 72 registers
-/// against 78). `ROPE_CUDA_KV_LOADS_BEFORE_FILL` at build time turns it off (a tuning knob).
-const KV_LOADS_AFTER_FILL: bool = option_env!("ROPE_CUDA_KV_LOADS_BEFORE_FILL").is_none();
 
 /// The launch's table for a token whose block row (library's source) is `row`; KV appends
 /// always rotate forward.

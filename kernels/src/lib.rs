@@ -18,7 +18,9 @@
 //! - [`mem`]: the loads and atomics of the views, for both sides;
 //! - device only: `gpu` (the intrinsics and memory accesses the kernels need, standing in for
 //!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope` and
-//!   `kv` (the bodies of the RoPE and KV-cache entry points), `bench` (benchmark yardsticks).
+//!   `kv` (the bodies of the RoPE and KV-cache entry points), `bench` (benchmark yardsticks,
+//!   only with the feature `bench`: they are not in the PTX a user's build ships).
+//! - [`tuning`]: the measured constants (threads per block, heads per thread, …) both sides read.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -44,9 +46,10 @@ pub mod keys;
 pub mod math;
 pub mod mem;
 pub mod params;
+pub mod tuning;
 pub mod views;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "bench"))]
 mod bench;
 #[cfg(target_arch = "nvptx64")]
 mod gpu;

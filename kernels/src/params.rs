@@ -20,49 +20,7 @@ pub const fn gptj_lane(vector: bool, e: usize) -> usize {
     }
 }
 
-/// Heads one thread handles (sharing its table entries among them), per kernel: `vector`
-/// for the `_v` kernels, `elem_size` in bytes, `neox` for the style, `computed` for the
-/// kernels computing cos and sin (`_c`). Host and device both read it, so the launch geometry
-/// matches the kernel. The choices are measured (see BENCHMARKS.md): 16-bit kernels 8, GPT-J
-/// f32 4, NeoX f32 1 from the table and 4 computed (the H200: 96.1% of copy, 1 head 85.8%).
-///
-/// `ROPE_CUDA_HEADS_PER_THREAD` (1 to 8) at build time overrides it for every `_v` kernel:
-/// a tuning knob for benchmarks, not a setting for users.
-pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize, computed: bool) -> u32 {
-    match (vector, neox, elem_size) {
-        (false, _, _) => 1,
-        _ if HEADS_PER_THREAD_OVERRIDE != 0 => HEADS_PER_THREAD_OVERRIDE,
-        (true, _, 2) => 8,
-        (true, true, _) => {
-            if computed {
-                4
-            } else {
-                1
-            }
-        }
-        (true, false, _) => 4,
-    }
-}
-
-const HEADS_PER_THREAD_OVERRIDE: u32 = match option_env!("ROPE_CUDA_HEADS_PER_THREAD") {
-    Some(v) => parse_digit(v),
-    None => 0,
-};
-
-/// `ROPE_CUDA_KV_HEADS_PER_THREAD` (1 to 8) at build time overrides [`kv_heads_per_thread`]
-/// for the NeoX `_v` KV kernels: a tuning knob, as `ROPE_CUDA_HEADS_PER_THREAD`.
-const KV_HEADS_PER_THREAD_OVERRIDE: u32 = match option_env!("ROPE_CUDA_KV_HEADS_PER_THREAD") {
-    Some(v) => parse_digit(v),
-    None => 0,
-};
-
-const fn parse_digit(v: &str) -> u32 {
-    match v.as_bytes() {
-        [] => 0,
-        [d @ b'1'..=b'8'] => (*d - b'0') as u32,
-        _ => panic!("ROPE_CUDA_HEADS_PER_THREAD must be empty or a digit from 1 to 8"),
-    }
-}
+pub use crate::tuning::{heads_per_thread, kv_heads_per_thread};
 
 /// The (token, work item) of thread `thread` of block `(block_x, block_y)` of `block_dim`
 /// threads, for `work` items per token and `chunk` tokens per grid row; `None` past the end.
@@ -278,20 +236,6 @@ impl RopeParams {
     pub fn shared_bytes(&self, block_threads: u32, g: u32) -> u32 {
         let work = (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes);
         block_rows_bytes(work, block_threads, self.tokens, self.table.half()) + staged_bytes(&self.table)
-    }
-}
-
-/// Heads one thread of a KV-cache kernel handles (see [`heads_per_thread`]) in its `_v`
-/// entry point (the `_d` and `_s` ones take 1). GPT-J `_v` kernels take 1 too: with more,
-/// LLVM keeps their lane arrays in local memory inside this larger kernel.
-pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize) -> u32 {
-    match (vector, gptj, elem_size) {
-        (false, _, _) | (_, true, _) => 1,
-        _ if KV_HEADS_PER_THREAD_OVERRIDE != 0 => KV_HEADS_PER_THREAD_OVERRIDE,
-        // Measured on the H200 (65536 tokens, 32/8 heads of 128, paged): 2 heads 83.1% of
-        // copy bandwidth, 1 head 82.9%, 8 heads 69.9%.
-        (true, false, 2) => 2,
-        (true, false, _) => 4,
     }
 }
 

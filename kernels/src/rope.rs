@@ -5,9 +5,7 @@ use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{block_rows_bytes, block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockRows, PairRows, Rows, Source, Style, Table};
-
-/// Whether the first head's loads go before the block's cos and sin (a tuning experiment).
-const LOADS_FIRST: bool = option_env!("ROPE_CUDA_LOADS_AFTER_FILL").is_none();
+use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
 /// `C` the copying ones, `B` is where cos and sin come from (the library's table, or computed
@@ -72,10 +70,8 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const 
     let copy_at = if rotating { 0 } else { (2 * half as usize + (lane - p.rot_lanes) as usize * C::E) * C::SIZE };
     // SAFETY: a copying lane's elements lie past the rotary dims, inside the row.
     let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
-    // f32 kernels load after the rows: their rows' arithmetic would otherwise hold the loaded
-    // head in registers (56 instead of 48 for NeoX `_v`), and f32 rows are wide enough that a
-    // later load still keeps the memory busy (H200: 96.5% of copy against 96.1%).
-    let early = !B::BLOCK_ROWS || (LOADS_FIRST && R::SIZE == 2);
+    // 16-bit kernels load before the rows, f32 ones after (see the constant's reasons).
+    let early = !B::BLOCK_ROWS || (ROPE_16BIT_LOADS_BEFORE_FILL && R::SIZE == 2);
     let (first, first_copy) = if early { (load_first(), load_copy()) } else { ([[0; 4]; 2], [0; 4]) };
     // The block's cos and sin, computed once per token and pair while those loads are in
     // flight.

@@ -1,0 +1,63 @@
+//! Tuning constants, for host and device alike. Every choice here computes the same bits; only
+//! the speed differs. They are constants of the code, not of the build: no environment
+//! variable changes them, so every build of a given version ships the same kernels. The values
+//! were measured on an H200 (BENCHMARKS.md); a machine of another architecture that measures
+//! otherwise makes its value a new arm of a `match` here.
+
+/// Threads per block of every kernel: small blocks leave the fewest registers unused per SM.
+pub const BLOCK_THREADS: u32 = 128;
+
+/// Heads one thread handles (sharing its table entries among them), per RoPE kernel: `vector`
+/// for the `_v` kernels, `elem_size` in bytes, `neox` for the style, `computed` for the
+/// kernels computing cos and sin (`_c`). Host and device both read it, so the launch geometry
+/// matches the kernel. Measured on the H200: 16-bit kernels 8, GPT-J f32 4, NeoX f32 1 from
+/// the table and 4 computed (96.1% of copy, 1 head 85.8%).
+pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize, computed: bool) -> u32 {
+    match (vector, neox, elem_size) {
+        (false, _, _) => 1,
+        (true, _, 2) => 8,
+        (true, true, _) => {
+            if computed {
+                4
+            } else {
+                1
+            }
+        }
+        (true, false, _) => 4,
+    }
+}
+
+/// Heads one thread of a KV-cache kernel handles (see [`heads_per_thread`]) in its `_v`
+/// entry point (the `_d` and `_s` ones take 1). GPT-J `_v` kernels take 1 too: with more,
+/// LLVM keeps their lane arrays in local memory inside this larger kernel.
+pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize) -> u32 {
+    match (vector, gptj, elem_size) {
+        (false, _, _) | (_, true, _) => 1,
+        // Measured on the H200 (65536 tokens, 32/8 heads of 128, paged): 2 heads 83.1% of
+        // copy bandwidth, 1 head 82.9%, 8 heads 69.9%.
+        (true, false, 2) => 2,
+        (true, false, _) => 4,
+    }
+}
+
+/// RoPE calls of fewer threads than this at [`heads_per_thread`] heads each take one head a
+/// thread instead (256 blocks of 128: about two per multiprocessor of an H200).
+pub const ROPE_FEW_THREADS: u64 = 1 << 15;
+
+/// KV calls of at most this many tokens take one head a thread (`_p`, `_d`: more threads,
+/// shorter chains, for latency); larger ones share each table load across several heads
+/// (`_v`, for bandwidth).
+pub const KV_PREFILL_MAX_TOKENS: usize = 8192;
+
+/// Whether a 16-bit RoPE kernel that computes its block's cos and sin loads its first head
+/// before them (the loads overlap the arithmetic). f32 kernels load after: the rows'
+/// arithmetic would otherwise hold the loaded head in registers (56 instead of 48 for NeoX
+/// `_v`), and f32 rows are wide enough that a later load still keeps the memory busy (H200:
+/// 96.5% of copy against 96.1%).
+pub const ROPE_16BIT_LOADS_BEFORE_FILL: bool = true;
+
+/// Whether the KV kernels that compute their block rows without scanning load their first
+/// head after the rows: the head is then not held in registers across the rows' arithmetic
+/// (H200: the fused 16x4096 prefill at 74.4–75.4% of copy against 71.1%, NeoX bf16 `_v` 72
+/// registers against 78).
+pub const KV_LOADS_AFTER_FILL: bool = true;
