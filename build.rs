@@ -12,13 +12,16 @@
 //! copied into `OUT_DIR` as a workspace of their own before they are built there: nothing is
 //! written next to the sources, which may be read-only.
 //!
-//! Beside the PTX it writes `ptx_index.rs`, where each entry point lies in it (the host loads
-//! one module per entry point, on first use). The feature `bench-kernels` adds the benchmark
-//! kernels (this crate's own tests, benches and examples ask for it).
+//! It builds the PTX for each architecture of `ARCHS` (sm_80, sm_90, sm_100), cuts each into
+//! one module per entry point, deflates them (`ptx-{arch}.bin`) and writes the index the host
+//! reads them by (`ptx_index.rs`): the host loads the newest architecture the device runs, and
+//! each entry point's module on its first launch. The feature `bench-kernels` adds the
+//! benchmark kernels (this crate's own tests, benches and examples ask for it).
 //!
-//! Settings: `ROPE_CUDA_ARCH` (default `sm_80`: PTX that the driver also compiles for Ada and
-//! Hopper) and `ROPE_CUDA_KERNEL_TOOLCHAIN` (default: the channel of `rust-toolchain.toml`).
-//! Where `DOCS_RS` is set (docs.rs: no GPU toolchain), the PTX embedded is empty.
+//! Settings: `ROPE_CUDA_ARCH` (default: every architecture of `ARCHS`; one, or a
+//! comma-separated list, builds only those) and `ROPE_CUDA_KERNEL_TOOLCHAIN` (default: the
+//! channel of `rust-toolchain.toml`). Where `DOCS_RS` is set (docs.rs: no GPU toolchain), no
+//! PTX is embedded.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,11 @@ const COMPONENTS: [&str; 3] = ["rust-src", "llvm-tools", "llvm-bitcode-linker"];
 const TARGET: &str = "nvptx64-nvidia-cuda";
 const CRATE: &str = "rope_cuda_kernels";
 
+/// The architectures whose PTX is built and embedded, oldest first: the host loads the newest
+/// one the device runs. sm_80 (Ampere, and Ada through the driver's JIT), sm_90 (Hopper),
+/// sm_100 (Blackwell).
+const ARCHS: [&str; 3] = ["sm_80", "sm_90", "sm_100"];
+
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let source = PathBuf::from(env::var("DEP_ROPE_CUDA_KERNELS_ROOT").expect("rope-cuda-kernels sets its root"));
@@ -38,26 +46,39 @@ fn main() {
     println!("cargo:rerun-if-changed={}", source.join("Cargo.toml").display());
     println!("cargo:rerun-if-env-changed=DOCS_RS");
     if env::var_os("DOCS_RS").is_some() {
-        std::fs::write(out.join(format!("{CRATE}.ptx")), "").unwrap_or_else(|e| fail(&format!("writing the PTX: {e}")));
-        write_index(&out, "");
-        println!("cargo:rustc-env=ROPE_CUDA_ARCH=none (docs.rs)");
+        write_ptx(&out, &[]);
         return;
     }
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_ARCH");
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_KERNEL_TOOLCHAIN");
 
-    let arch = env::var("ROPE_CUDA_ARCH").unwrap_or_else(|_| "sm_80".to_string());
-    if !arch.starts_with("sm_") || arch[3..].is_empty() || !arch[3..].bytes().all(|b| b.is_ascii_alphanumeric()) {
-        fail(&format!("ROPE_CUDA_ARCH={arch:?} is not a GPU architecture such as sm_80 or sm_90"));
+    // `ROPE_CUDA_ARCH=sm_80` (or a list, `sm_80,sm_90`) builds only those: for a quicker
+    // build while working on the kernels, or to compare one architecture's PTX alone.
+    let archs: Vec<String> = match env::var("ROPE_CUDA_ARCH") {
+        Ok(v) => v.split(',').map(|a| a.trim().to_string()).collect(),
+        Err(_) => ARCHS.iter().map(|a| a.to_string()).collect(),
+    };
+    for arch in &archs {
+        if !ARCHS.contains(&arch.as_str()) {
+            fail(&format!("ROPE_CUDA_ARCH names {arch:?}; the kernels are built for {}", ARCHS.join(", ")));
+        }
     }
     let toolchain = env::var("ROPE_CUDA_KERNEL_TOOLCHAIN").unwrap_or_else(|_| TOOLCHAIN.to_string());
     check_toolchain(&toolchain);
 
     let kernels = out.join("kernels-src");
     copy_crate(&source, &kernels);
-    let target_dir = out.join("kernels-target");
+    let built: Vec<(String, String)> =
+        archs.iter().map(|arch| (arch.clone(), build_ptx(&kernels, &out, &toolchain, arch))).collect();
+    write_ptx(&out, &built);
+}
+
+/// Builds the kernel crate's PTX for `arch` (a target dir of its own: `core` is built per
+/// architecture) and returns its text.
+fn build_ptx(kernels: &Path, out: &Path, toolchain: &str, arch: &str) -> String {
+    let target_dir = out.join(format!("kernels-target-{arch}"));
     let mut cmd = Command::new("rustup");
-    cmd.args(["run", &toolchain, "cargo", "build", "--release", "--lib"])
+    cmd.args(["run", toolchain, "cargo", "build", "--release", "--lib"])
         .args(["--target", TARGET, "-Zbuild-std=core"])
         // The benchmark kernels only for builds that ask for them (this crate's own tests,
         // benches and examples): a user's PTX holds only what the library launches.
@@ -79,52 +100,91 @@ fn main() {
             cmd.env_remove(key.as_ref());
         }
     }
-    cmd.env("RUSTUP_TOOLCHAIN", &toolchain).env("RUSTFLAGS", format!("-C target-cpu={arch}"));
+    cmd.env("RUSTUP_TOOLCHAIN", toolchain).env("RUSTFLAGS", format!("-C target-cpu={arch}"));
 
     let status = cmd.status().unwrap_or_else(|e| fail(&format!("could not run `rustup run {toolchain} cargo`: {e}")));
     if !status.success() {
         fail(&format!("the kernel build for {TARGET} ({arch}) failed; its output is above"));
     }
     let ptx = target_dir.join(TARGET).join("release").join(format!("{CRATE}.ptx"));
-    copy(&ptx, &out.join(format!("{CRATE}.ptx")));
-    let text = std::fs::read_to_string(&ptx).unwrap_or_else(|e| fail(&format!("reading {}: {e}", ptx.display())));
-    write_index(&out, &text);
-    println!("cargo:rustc-env=ROPE_CUDA_ARCH={arch}");
+    std::fs::read_to_string(&ptx).unwrap_or_else(|e| fail(&format!("reading {}: {e}", ptx.display())))
 }
 
-/// Writes `ptx_index.rs` beside the PTX: where each entry point's text lies in it, so that the
-/// host loads one module per entry point on first use (the driver compiles only what a
-/// process launches). A module is the PTX's prologue (`.version`, `.target`, the shared
-/// declarations: everything before the first entry) followed by one entry's text, from its
+/// One architecture's PTX cut into modules: its prologue (`.version`, `.target`, the shared
+/// declarations: everything before the first entry) and each entry point's text, from its
 /// `.visible .entry` line to the `}` that closes it. The kernels call no `.func`s (everything
-/// is inlined), so an entry's text is all it needs.
-fn write_index(out: &Path, ptx: &str) {
-    let mut entries = Vec::new();
+/// is inlined), so the prologue and one entry's text make a module of their own.
+fn split_ptx(ptx: &str) -> (&str, Vec<(&str, &str)>) {
+    let mut entries: Vec<(&str, usize, Option<usize>)> = Vec::new();
     let mut prologue = None;
     let mut at = 0;
     for line in ptx.split_inclusive('\n') {
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
             let name = rest.split('(').next().unwrap_or_default().trim();
             prologue.get_or_insert(at);
-            entries.push((name.to_string(), at, None));
+            entries.push((name, at, None));
         } else if line.trim_end() == "}" {
             if let Some(e) = entries.last_mut().filter(|e| e.2.is_none()) {
                 e.2 = Some(at + line.len());
             }
-        } else if line.starts_with('.') && prologue.is_some() && !line.starts_with(".visible .entry") {
+        } else if line.starts_with('.') && prologue.is_some() {
             fail(&format!("the PTX has a top-level line after its first entry point: {line:?}"));
         }
         at += line.len();
     }
-    let mut text = String::from("// Generated by rope-cuda's build.rs from the PTX: see `write_index`.\n");
-    text += &format!("pub(crate) const PTX_PROLOGUE: usize = {};\n", prologue.unwrap_or(0));
-    text += "pub(crate) const PTX_ENTRIES: &[(&str, usize, usize)] = &[\n";
-    for (name, start, end) in &entries {
-        let end = end.unwrap_or_else(|| fail(&format!("the PTX entry {name} has no closing brace")));
-        text += &format!("    ({name:?}, {start}, {end}),\n");
+    let entries = entries
+        .into_iter()
+        .map(|(name, start, end)| {
+            let end = end.unwrap_or_else(|| fail(&format!("the PTX entry {name} has no closing brace")));
+            (name, &ptx[start..end])
+        })
+        .collect();
+    (&ptx[..prologue.unwrap_or(ptx.len())], entries)
+}
+
+/// Writes each architecture's modules, deflated one by one, to `ptx-{arch}.bin`, and the index
+/// the host reads them by to `ptx_index.rs`: the host inflates and loads one entry point's
+/// module on its first launch (the driver compiles only what a process launches), and a
+/// binary carries a fraction of the PTX's size.
+fn write_ptx(out: &Path, built: &[(String, String)]) {
+    let mut index =
+        String::from("// Generated by rope-cuda's build.rs (`write_ptx`): the embedded PTX, per architecture.\n");
+    index += "pub(crate) static EMBEDDED: &[ArchPtx] = &[\n";
+    let mut names: Option<Vec<String>> = None;
+    for (arch, ptx) in built {
+        let (prologue, entries) = split_ptx(ptx);
+        let listed: Vec<String> = entries.iter().map(|e| e.0.to_string()).collect();
+        if names.get_or_insert_with(|| listed.clone()) != &listed {
+            fail(&format!("the PTX for {arch} has other entry points than the first architecture's"));
+        }
+        let mut blob = Vec::new();
+        let mut span = |text: &str| {
+            let packed = miniz_oxide::deflate::compress_to_vec(text.as_bytes(), 6);
+            let start = blob.len();
+            blob.extend_from_slice(&packed);
+            (start, blob.len())
+        };
+        let (p0, p1) = span(prologue);
+        let spans: Vec<_> = entries.iter().map(|&(name, text)| (name, span(text))).collect();
+        let file = format!("ptx-{arch}.bin");
+        write_bytes_if_changed(&out.join(&file), &blob);
+        let capability: u32 = arch[3..].parse().unwrap_or_else(|_| fail(&format!("{arch}: not sm_<number>")));
+        index += &format!(
+            "    ArchPtx {{ arch: {arch:?}, capability: {capability}, blob: include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{file}\")), prologue: ({p0}, {p1}), entries: &[\n"
+        );
+        for (name, (s, e)) in spans {
+            index += &format!("        ({name:?}, {s}, {e}),\n");
+        }
+        index += "    ] },\n";
     }
-    text += "];\n";
-    write_if_changed(&out.join("ptx_index.rs"), &text);
+    index += "];\n";
+    write_if_changed(&out.join("ptx_index.rs"), &index);
+}
+
+fn write_bytes_if_changed(path: &Path, bytes: &[u8]) {
+    if std::fs::read(path).ok().as_deref() != Some(bytes) {
+        std::fs::write(path, bytes).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
+    }
 }
 
 /// Fails with the exact install command when the kernel toolchain or a component is missing.

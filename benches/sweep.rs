@@ -321,7 +321,7 @@ fn main() -> Res<()> {
     std::fs::write(dir.join("sweep.csv"), csv)?;
     plot(&points, &dir.join("sweep.svg"))?;
 
-    println!("device: {}  (PTX for {})", device.name()?, rope_cuda::ARCH);
+    println!("device: {}  (PTX for {})", device.name()?, kernels.arch());
     println!(
         "empty kernel (1 block): {:.2} us device, {:.2} us eager; wrote {}/sweep.csv and sweep.svg",
         empty_device.median_us, empty_eager.median_us, out_dir

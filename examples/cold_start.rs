@@ -79,7 +79,7 @@ fn main() -> Res<()> {
     rope.check_errors(&stream)?;
     let stats = kernels.load_stats();
 
-    println!("cold start (driver JIT cache {cache}, PTX for {})", rope_cuda::ARCH);
+    println!("cold start (driver JIT cache {cache}, PTX for {})", kernels.arch());
     println!("| what | ms |");
     println!("|---|---:|");
     println!("| context (cust::quick_init) | {:.1} |", context.as_secs_f64() * 1e3);

@@ -1,9 +1,14 @@
-//! Prints the embedded PTX, for offline checks (`.ci/run` feeds it to ptxas):
-//!
-//! ```text
-//! cargo run --example ptx > kernels.ptx
-//! ```
+//! Prints the embedded PTX of one architecture, for offline checks (`.ci/run` feeds each to
+//! ptxas): `cargo run --example ptx -- sm_90` (default: the oldest embedded, sm_80).
 
 fn main() {
-    print!("{}", rope_cuda::PTX);
+    let arch = std::env::args().nth(1).unwrap_or_else(|| rope_cuda::archs().next().expect("PTX embedded").to_string());
+    match rope_cuda::ptx(&arch) {
+        Some(text) => print!("{text}"),
+        None => {
+            let embedded: Vec<_> = rope_cuda::archs().collect();
+            eprintln!("no PTX for {arch} (embedded: {})", embedded.join(", "));
+            std::process::exit(2);
+        }
+    }
 }

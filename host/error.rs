@@ -303,13 +303,26 @@ pub enum Error {
     },
     /// The embedded PTX failed to load into the current context, or an entry point is missing
     /// from it: make a context current first (`cust::quick_init`, or binding cudarc's), and
-    /// check that the driver supports the PTX's target ([`ARCH`](crate::ARCH)).
+    /// check that the driver supports the PTX's target ([`Kernels::arch`](crate::Kernels::arch)).
     #[error("loading kernel {name} failed: {source}")]
     KernelLoad {
         /// The kernel's entry-point name.
         name: &'static str,
         /// The driver's error.
         source: CudaError,
+    },
+    /// No embedded PTX is for this device: the architecture asked for (`ROPE_CUDA_PTX_ARCH`,
+    /// [`Kernels::load_arch`](crate::Kernels::load_arch)) is not embedded or needs a newer
+    /// device, or the device is older than every embedded architecture. Ask for one of
+    /// `available` that the device's compute capability reaches (sm_80 needs 8.0).
+    #[error("no PTX for this device: {requested} is not embedded or needs a newer device (compute capability {capability}; embedded: {available})")]
+    Arch {
+        /// The architecture asked for (or "the newest").
+        requested: String,
+        /// The device's compute capability, `major * 10 + minor`.
+        capability: u32,
+        /// The embedded architectures.
+        available: String,
     },
     /// The kernel list has no entry point for what a launch needs (a bug of this library:
     /// every key its planners make is tested to exist).

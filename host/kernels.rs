@@ -1,5 +1,5 @@
-//! The embedded PTX, loaded one entry point at a time on first use (one module each), and the
-//! one launch primitive every operation goes through.
+//! The embedded PTX, one build per architecture, loaded one entry point at a time on first use
+//! (one module each), and the one launch primitive every operation goes through.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -11,18 +11,81 @@ use rope_cuda_kernels::entries::{EntryPoint, Key};
 
 use crate::error::{driver, Error, Result};
 
-/// The PTX of every kernel, compiled from `kernels/` by `build.rs` for
-/// [`ARCH`](crate::ARCH).
-pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_cuda_kernels.ptx"));
+/// One architecture's embedded PTX: its modules (the prologue, then one per entry point),
+/// each deflated, as byte ranges of `blob`.
+#[derive(Debug)]
+pub(crate) struct ArchPtx {
+    /// `sm_80`, …
+    arch: &'static str,
+    /// The compute capability it needs at least, `major * 10 + minor`.
+    capability: u32,
+    blob: &'static [u8],
+    prologue: (usize, usize),
+    /// Name and range of each entry point, in the order of the kernel list.
+    entries: &'static [(&'static str, usize, usize)],
+}
 
-// `PTX_PROLOGUE` and `PTX_ENTRIES`: where each entry point's text lies in `PTX` (build.rs).
+// `EMBEDDED`: every architecture built, oldest first (build.rs writes it).
 include!(concat!(env!("OUT_DIR"), "/ptx_index.rs"));
 
-/// The PTX of one entry point as a module of its own: the prologue (version, target, shared
-/// declarations) and the entry's text; `None` if the embedded PTX lacks it.
-fn entry_ptx(name: &str) -> Option<String> {
-    let &(_, start, end) = PTX_ENTRIES.iter().find(|e| e.0 == name)?;
-    Some(format!("{}{}", &PTX[..PTX_PROLOGUE], &PTX[start..end]))
+impl ArchPtx {
+    fn inflate(&self, (start, end): (usize, usize)) -> String {
+        let bytes = miniz_oxide::inflate::decompress_to_vec(&self.blob[start..end])
+            .expect("build.rs deflated this range of the embedded PTX");
+        String::from_utf8(bytes).expect("PTX is ASCII")
+    }
+
+    /// The PTX of one entry point as a module of its own: the prologue (version, target,
+    /// shared declarations) and the entry's text; `None` if this PTX lacks it.
+    fn module(&self, name: &str) -> Option<String> {
+        let &(_, start, end) = self.entries.iter().find(|e| e.0 == name)?;
+        Some(self.inflate(self.prologue) + &self.inflate((start, end)))
+    }
+
+    /// The whole PTX text: the prologue and every entry point.
+    fn text(&self) -> String {
+        let mut text = self.inflate(self.prologue);
+        for &(_, start, end) in self.entries {
+            text += &self.inflate((start, end));
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// The architectures whose PTX is embedded, oldest first (`sm_80`, `sm_90`, `sm_100`; a
+/// build with `ROPE_CUDA_ARCH` set has only those it names).
+pub fn archs() -> impl Iterator<Item = &'static str> {
+    EMBEDDED.iter().map(|a| a.arch)
+}
+
+/// The embedded PTX for `arch` (`sm_80`, …) as one text, for offline checks (ptxas, the PTX
+/// tests); `None` if it is not embedded. The kernels themselves load one entry point at a time.
+///
+/// ```
+/// let ptx = rope_cuda::ptx("sm_90").expect("embedded");
+/// assert!(ptx.contains(".target sm_90") && ptx.contains(".entry kv_claim("));
+/// ```
+pub fn ptx(arch: &str) -> Option<String> {
+    EMBEDDED.iter().find(|a| a.arch == arch).map(ArchPtx::text)
+}
+
+/// The architecture to load on a device of compute capability `capability`: `requested`
+/// (`ROPE_CUDA_PTX_ARCH`, or [`Kernels::load_arch`]'s argument) if the device runs it, else
+/// the newest embedded one it runs.
+fn pick(capability: u32, requested: Option<&str>) -> Result<&'static ArchPtx> {
+    let available = || archs().collect::<Vec<_>>().join(", ");
+    match requested {
+        Some(name) => match EMBEDDED.iter().find(|a| a.arch == name) {
+            Some(a) if a.capability <= capability => Ok(a),
+            _ => Err(Error::Arch { requested: name.to_string(), capability, available: available() }),
+        },
+        None => EMBEDDED.iter().rev().find(|a| a.capability <= capability).ok_or_else(|| Error::Arch {
+            requested: "the newest".to_string(),
+            capability,
+            available: available(),
+        }),
+    }
 }
 
 /// An entry point loaded into the context: its module (unloaded when dropped) and function.
@@ -50,6 +113,8 @@ pub struct Kernels {
     entries: [OnceLock<Loaded>; EntryPoint::ALL.len()],
     /// Held while an entry point loads: one load of each, however many threads launch it.
     loading: Mutex<Duration>,
+    /// The architecture's PTX the entry points load from.
+    ptx: &'static ArchPtx,
     context: cuda::CUcontext,
     /// The ordinal of the context's device.
     device: i32,
@@ -95,6 +160,18 @@ impl Kernels {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn load() -> Result<Arc<Self>> {
+        Self::load_with(std::env::var("ROPE_CUDA_PTX_ARCH").ok().filter(|v| !v.is_empty()).as_deref())
+    }
+
+    /// [`Kernels::load`] with the PTX of `arch` (`sm_80`, `sm_90`, …; see [`archs`]) rather
+    /// than the newest the device runs: to compare architectures' kernels, or to test the
+    /// portable code on a newer device. [`Error::Arch`] if it is not embedded or the device
+    /// cannot run it.
+    pub fn load_arch(arch: &str) -> Result<Arc<Self>> {
+        Self::load_with(Some(arch))
+    }
+
+    fn load_with(requested: Option<&str>) -> Result<Arc<Self>> {
         let mut context = std::ptr::null_mut();
         // SAFETY: writes the current context handle into `context`.
         driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
@@ -109,8 +186,16 @@ impl Kernels {
         driver("cuCtxGetDevice", unsafe { cuda::cuCtxGetDevice(&mut device) })?;
         // SAFETY: as above.
         driver("cuDeviceGetCount", unsafe { cuda::cuDeviceGetCount(&mut devices) })?;
+        let (mut major, mut minor) = (0, 0);
+        let attribute = |value: &mut i32, which| {
+            // SAFETY: writes one integer; `device` is the current context's device.
+            driver("cuDeviceGetAttribute", unsafe { cuda::cuDeviceGetAttribute(value, which, device) })
+        };
+        attribute(&mut major, cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        attribute(&mut minor, cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let ptx = pick((major * 10 + minor) as u32, requested)?;
         let entries = std::array::from_fn(|_| OnceLock::new());
-        Ok(Arc::new(Kernels { entries, loading: Mutex::new(Duration::ZERO), context, device, devices }))
+        Ok(Arc::new(Kernels { entries, loading: Mutex::new(Duration::ZERO), ptx, context, device, devices }))
     }
 
     /// Loads each of `entries` not loaded yet (the driver compiles them now rather than at
@@ -124,6 +209,12 @@ impl Kernels {
     /// lazily: on a fresh driver cache, seconds).
     pub fn preload_all(&self) -> Result<()> {
         self.preload(EntryPoint::ALL)
+    }
+
+    /// The architecture whose PTX this context loads (`sm_90` on an H200, unless
+    /// `ROPE_CUDA_PTX_ARCH` or [`Kernels::load_arch`] chose another).
+    pub fn arch(&self) -> &'static str {
+        self.ptx.arch
     }
 
     /// What has been loaded so far, and the driver's time for it.
@@ -149,7 +240,7 @@ impl Kernels {
             return Ok(loaded.function);
         }
         let name = ep.name();
-        let ptx = entry_ptx(name).ok_or(Error::KernelLoad { name, source: cust::error::CudaError::NotFound })?;
+        let ptx = self.ptx.module(name).ok_or(Error::KernelLoad { name, source: cust::error::CudaError::NotFound })?;
         let start = Instant::now();
         // SAFETY: makes this module's context current on this thread for the load; popped below.
         driver("cuCtxPushCurrent", unsafe { cuda::cuCtxPushCurrent_v2(self.context) })?;
@@ -254,39 +345,48 @@ impl Kernels {
 mod tests {
     use super::*;
 
-    /// Each entry point's module is the PTX's prologue and exactly that entry's text: one
-    /// `.entry`, its own name, closed, and nothing of another entry.
+    /// Every architecture of the build embeds every entry point of the kernel list; each
+    /// entry point's module is that architecture's prologue and exactly that entry's text: one
+    /// `.entry`, its own name, closed.
     #[test]
-    fn every_entry_point_has_a_module_of_its_own() {
-        assert_eq!(PTX_ENTRIES.len(), EntryPoint::ALL.len(), "the index and the kernel list disagree");
-        let prologue = &PTX[..PTX_PROLOGUE];
-        assert!(prologue.contains(".version") && prologue.contains(".target") && !prologue.contains(".entry"));
-        let mut covered = PTX_PROLOGUE;
-        for &ep in EntryPoint::ALL {
-            let name = ep.name();
-            let text = entry_ptx(name).unwrap_or_else(|| panic!("{name} is not in the index"));
-            assert!(text.starts_with(prologue), "{name}");
-            let body = &text[prologue.len()..];
-            assert!(body.starts_with(&format!(".visible .entry {name}(")), "{name}");
-            assert!(body.ends_with("}\n"), "{name}: not closed");
-            assert_eq!(body.matches(".entry ").count(), 1, "{name}");
-            covered += body.len();
-        }
-        assert!(entry_ptx("no_such_kernel").is_none());
-        // Between the entries lie only comments and blank lines.
-        let rest: usize = {
-            let mut spans: Vec<_> = PTX_ENTRIES.iter().map(|e| (e.1, e.2)).collect();
-            spans.sort_unstable();
-            let mut at = PTX_PROLOGUE;
-            let mut gaps = 0;
-            for (s, e) in spans {
-                let gap = &PTX[at..s];
-                assert!(gap.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with("//")), "{gap:?}");
-                gaps += gap.len();
-                at = e;
+    fn every_entry_point_has_a_module_of_its_own_per_architecture() {
+        assert!(!EMBEDDED.is_empty(), "no PTX embedded");
+        for a in EMBEDDED {
+            assert_eq!(a.entries.len(), EntryPoint::ALL.len(), "{}: the index and the kernel list disagree", a.arch);
+            let prologue = a.inflate(a.prologue);
+            assert!(prologue.contains(&format!(".target {}\n", a.arch)), "{}", a.arch);
+            assert!(prologue.contains(".version") && !prologue.contains(".entry"));
+            for &ep in EntryPoint::ALL {
+                let name = ep.name();
+                let text = a.module(name).unwrap_or_else(|| panic!("{}: {name} is not in the index", a.arch));
+                let body = text.strip_prefix(prologue.as_str()).expect("the module starts with the prologue");
+                assert!(body.starts_with(&format!(".visible .entry {name}(")), "{name}");
+                assert!(body.ends_with("}\n"), "{name}: not closed");
+                assert_eq!(body.matches(".entry ").count(), 1, "{name}");
             }
-            gaps + PTX[at..].len()
-        };
-        assert_eq!(covered + rest, PTX.len());
+            assert!(a.module("no_such_kernel").is_none());
+            let whole = a.text();
+            assert_eq!(whole.matches(".entry ").count(), EntryPoint::ALL.len());
+        }
+        // Oldest first, each needing a newer device than the one before.
+        assert!(EMBEDDED.windows(2).all(|w| w[0].capability < w[1].capability));
+    }
+
+    /// The newest architecture a device runs is loaded, or the one asked for if it runs it.
+    #[test]
+    fn the_newest_architecture_the_device_runs_is_picked() {
+        let newest_for = |cc| pick(cc, None).map(|a| a.arch);
+        let oldest = &EMBEDDED[0];
+        assert!(newest_for(oldest.capability - 1).is_err(), "a device older than every PTX");
+        for a in EMBEDDED {
+            assert_eq!(newest_for(a.capability).unwrap(), a.arch);
+            assert_eq!(newest_for(a.capability + 9).unwrap(), a.arch, "a later minor version");
+            assert_eq!(pick(200, Some(a.arch)).unwrap().arch, a.arch);
+            assert!(matches!(pick(a.capability - 1, Some(a.arch)), Err(Error::Arch { .. })));
+        }
+        assert!(matches!(pick(200, Some("sm_75")), Err(Error::Arch { .. })));
+        if archs().any(|a| a == "sm_90") {
+            assert_eq!(newest_for(90).unwrap(), "sm_90", "an H200 (compute capability 9.0)");
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! Pure-Rust CUDA kernels for rotary position embeddings (RoPE).
 //!
 //! The kernels are Rust too: the `no_std` crate `rope-cuda-kernels` is compiled to PTX by
-//! this crate's `build.rs` with rustc's NVPTX backend, embedded here as [`PTX`], and loaded
-//! once per CUDA context by [`Kernels::load`]. Launches go through [`cust`] onto a stream the
+//! this crate's `build.rs` with rustc's NVPTX backend for sm_80, sm_90 and sm_100 ([`archs`],
+//! [`ptx`]) and embedded here; [`Kernels::load`] picks the newest the device runs, and loads
+//! each entry point on its first launch. Launches go through [`cust`] onto a stream the
 //! caller gives, look nothing up, allocate only what a call returns and never synchronise
 //! (unless asked to: [`RopeConfig::checked`]). Where several GPUs are visible, each launch
 //! checks with the driver that its buffers are on the kernels' device.
@@ -100,7 +101,7 @@ pub use config::{
 pub use error::{ConfigError, Error, Result};
 pub use graph::Graph;
 pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
-pub use kernels::{Kernels, LoadStats, PTX};
+pub use kernels::{archs, ptx, Kernels, LoadStats};
 pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
 pub use rope::{validate, Rope};
@@ -121,9 +122,6 @@ pub type KvUpdate = seed::KvUpdate;
 /// building.
 #[deprecated(note = "moved: use rope_cuda::seed::RotaryModel")]
 pub type RotaryModel = seed::RotaryModel;
-
-/// The GPU architecture the embedded PTX was compiled for (`ROPE_CUDA_ARCH` at build time).
-pub const ARCH: &str = env!("ROPE_CUDA_ARCH");
 
 /// A [`Rope`] and a reference update are `Send + Sync + 'static`: an engine holds them in
 /// long-lived structs and shares them between threads.

@@ -1,8 +1,13 @@
-//! Checks on the embedded PTX text: what the kernels compiled to. (Registers and spills are
-//! checked with ptxas in `.ci/run`.)
+//! Checks on the embedded PTX text of every architecture: what the kernels compiled to.
+//! (Registers and spills are checked with ptxas in `.ci/run`.)
 
-use rope_cuda::{ARCH, PTX};
+use std::sync::LazyLock;
+
 use rope_cuda_kernels::entries::EntryPoint;
+
+/// Every embedded architecture's PTX text, oldest first.
+static ALL: LazyLock<Vec<(&'static str, String)>> =
+    LazyLock::new(|| rope_cuda::archs().map(|a| (a, rope_cuda::ptx(a).expect("embedded"))).collect());
 
 /// Every entry point of the kernel list (the host resolves each one).
 fn all_entry_points() -> impl Iterator<Item = &'static str> {
@@ -14,25 +19,30 @@ fn named(prefix: &str) -> Vec<&'static str> {
     all_entry_points().filter(|n| n.starts_with(prefix)).collect()
 }
 
-/// The text of entry point `name`, up to the next entry point.
-fn body(name: &str) -> &'static str {
+/// The text of entry point `name` in `ptx`, up to the next entry point.
+fn body<'p>(ptx: &'p str, name: &str) -> &'p str {
     let start =
-        PTX.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("entry point {name} missing from the PTX"));
-    let rest = &PTX[start + 1..];
-    &PTX[start..start + 1 + rest.find(".entry ").unwrap_or(rest.len())]
+        ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("entry point {name} missing from the PTX"));
+    let rest = &ptx[start + 1..];
+    &ptx[start..start + 1 + rest.find(".entry ").unwrap_or(rest.len())]
 }
 
 #[test]
 fn every_entry_point_is_present_once() {
-    for name in all_entry_points() {
-        assert_eq!(PTX.matches(&format!(".entry {name}(")).count(), 1, "{name}");
+    for (arch, ptx) in ALL.iter() {
+        for name in all_entry_points() {
+            assert_eq!(ptx.matches(&format!(".entry {name}(")).count(), 1, "{arch} {name}");
+        }
+        assert_eq!(ptx.matches(".entry ").count(), all_entry_points().count(), "{arch}: an entry point is not listed");
     }
-    assert_eq!(PTX.matches(".entry ").count(), all_entry_points().count(), "an entry point is not listed");
 }
 
 #[test]
-fn ptx_targets_the_configured_arch() {
-    assert!(PTX.contains(&format!(".target {ARCH}")), "PTX is not for {ARCH}");
+fn ptx_targets_its_arch() {
+    assert_eq!(ALL.iter().map(|a| a.0).collect::<Vec<_>>(), ["sm_80", "sm_90", "sm_100"]);
+    for (arch, ptx) in ALL.iter() {
+        assert!(ptx.contains(&format!(".target {arch}\n")), "PTX is not for {arch}");
+    }
 }
 
 /// The `_v` and `_p` kernels (and MRoPE's `_v_m`, `_p_m`) move q and k only in 16-byte
@@ -50,9 +60,16 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
+    for (_, ptx) in ALL.iter() {
+        vector_accesses(ptx, &vector);
+    }
+}
+
+fn vector_accesses(ptx: &str, vector: &[&str]) {
+    let scalar = |n: &str| n.ends_with("_s") || n.contains("_s_");
     let kv = named("kv_").into_iter().filter(|n| !scalar(n) && *n != "kv_claim");
     for name in kv {
-        let b = body(name);
+        let b = body(ptx, name);
         let v = if name.contains("_d") { "v2" } else { "v4" };
         let (ld, st) = (format!("ld.global.{v}.b32"), format!("st.global.{v}.b32"));
         assert!(b.contains(&ld) && b.contains(&st), "{name}: no {v} access");
@@ -60,8 +77,8 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
             assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
         }
     }
-    for name in vector {
-        let b = body(name);
+    for &name in vector {
+        let b = body(ptx, name);
         assert!(b.contains("ld.global.v4.b32"), "{name}: no 16-byte global load");
         assert!(b.contains("st.global.v4.b32"), "{name}: no 16-byte global store");
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "ld.global.f32"] {
@@ -84,8 +101,10 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
 
 #[test]
 fn kernels_have_no_local_memory_or_panics() {
-    assert!(!PTX.contains(".local"), "a kernel uses local memory (a stack frame)");
-    assert!(!PTX.contains("panic"), "a kernel can reach a panic path");
+    for (arch, ptx) in ALL.iter() {
+        assert!(!ptx.contains(".local"), "{arch}: a kernel uses local memory (a stack frame)");
+        assert!(!ptx.contains("panic"), "{arch}: a kernel can reach a panic path");
+    }
 }
 
 /// The kernels computing cos and sin (`_c`) use no FP64 (most GPUs other than the data-centre
@@ -94,7 +113,9 @@ fn kernels_have_no_local_memory_or_panics() {
 fn computed_kernels_use_no_fp64() {
     let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
     assert_eq!(computed.len(), 2 * (18 + 24), "every RoPE and KV kernel of the library has a computed twin");
-    for name in computed {
-        assert!(!body(name).contains(".f64"), "{name}: an FP64 instruction");
+    for (arch, ptx) in ALL.iter() {
+        for &name in &computed {
+            assert!(!body(ptx, name).contains(".f64"), "{arch} {name}: an FP64 instruction");
+        }
     }
 }

@@ -70,10 +70,10 @@ fn cos_sin(config: RopeConfig) -> Result<RopeConfig, Box<dyn std::error::Error>>
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let device = cust::device::Device::get_device(0)?;
-    println!("device: {}  (PTX for {})", device.name()?, rope_cuda::ARCH);
     let source = cos_sin(RopeConfig::new(2, 1))?.cos_sin;
-    println!("cos and sin: {source:?} (ROPE_CUDA_COS_SIN)");
     let kernels = Kernels::load()?;
+    println!("device: {}  (PTX for {}; ROPE_CUDA_PTX_ARCH picks another)", device.name()?, kernels.arch());
+    println!("cos and sin: {source:?} (ROPE_CUDA_COS_SIN)");
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     let mut rows = Vec::new();
     let flag = |f: &str| std::env::args().any(|a| a == f);
