@@ -3,6 +3,7 @@
 
 use std::sync::LazyLock;
 
+use rope_cuda_kernels::entries::axes::{CALLER_WIDTHS, DTYPES, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES};
 use rope_cuda_kernels::entries::EntryPoint;
 
 /// Every embedded architecture's PTX text, oldest first.
@@ -51,12 +52,18 @@ fn ptx_targets_its_arch() {
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let scalar = |n: &str| n.ends_with("_s") || n.contains("_s_");
     let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
-    // Two sources (the library's table, computed `_c`), each with and without MRoPE.
-    assert_eq!(vector.len(), 2 * (12 + 12));
-    assert_eq!(named("rope_").len(), 2 * (18 + 18));
-    // Per source: four widths, and MRoPE at four; the caller's tables at three (16-bit and
-    // f32); the claim.
-    assert_eq!(named("kv_").len(), 2 * (24 + 24) + 9 + 1);
+    // The counts are the products of the axes the list is generated from.
+    let per_width = STYLES.len() * DTYPES.len() * ROWS.len() * SOURCES.len();
+    assert_eq!(vector.len(), per_width * (ROPE_WIDTHS.len() - 1));
+    assert_eq!(named("rope_").len(), per_width * ROPE_WIDTHS.len());
+    // Every KV width with each row kind and source; the caller's tables (GPT-J, one row) at
+    // their widths in each element type; the claim.
+    assert_eq!(named("kv_").len(), per_width * KV_WIDTHS.len() + DTYPES.len() * CALLER_WIDTHS.len() + 1);
+    // And the three benchmark kernels (the tests build with the feature `bench-kernels`).
+    assert_eq!(
+        named("").len(),
+        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + DTYPES.len() * CALLER_WIDTHS.len() + 1 + 3
+    );
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
@@ -112,7 +119,11 @@ fn kernels_have_no_local_memory_or_panics() {
 #[test]
 fn computed_kernels_use_no_fp64() {
     let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
-    assert_eq!(computed.len(), 2 * (18 + 24), "every RoPE and KV kernel of the library has a computed twin");
+    assert_eq!(
+        computed.len(),
+        STYLES.len() * DTYPES.len() * ROWS.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()),
+        "every RoPE and KV kernel of the library has a computed twin"
+    );
     for (arch, ptx) in ALL.iter() {
         for &name in &computed {
             assert!(!body(ptx, name).contains(".f64"), "{arch} {name}: an FP64 instruction");

@@ -105,7 +105,8 @@ pub fn groups(heads: u32, g: u32) -> u32 {
     heads.div_ceil(g)
 }
 
-/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{v,p,s}`.
+/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{s,v,p}[_m][_c]` (the
+/// products of [`crate::entries::axes`]).
 ///
 /// Thread mapping ([`work_item`]): one-dimensional blocks walk the (token, work item) pairs in
 /// order, `work = (q_groups + k_groups) * lanes` items per token, `chunk` tokens per row of
@@ -146,9 +147,9 @@ pub struct RopeParams {
     pub chunk: u32,
 }
 
-/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}_{v,p,d,s}` (library
-/// tables), `kv_gptj_{f16,bf16}_{v,d,s}_t` (the caller's tables, in the element type) and
-/// `kv_claim`.
+/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}_{s,d,p,v}[_m][_c]` (the
+/// library's table or computed cos and sin), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
+/// tables, in the element type) and `kv_claim` (see [`crate::entries::axes`]).
 ///
 /// One launch per step: token `t` (batch `t / seq`) has its position (from `positions`) and
 /// a cache slot ([`CacheView::slot`]). The work items of a token (see [`work_item`]) are, in
