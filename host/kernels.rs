@@ -13,7 +13,6 @@ use crate::error::{driver, Error, Result};
 
 /// One architecture's embedded PTX: its modules (the prologue, then one per entry point),
 /// each deflated, as byte ranges of `blob`.
-#[derive(Debug)]
 pub(crate) struct ArchPtx {
     /// `sm_80`, …
     arch: &'static str,
@@ -27,6 +26,17 @@ pub(crate) struct ArchPtx {
 
 // `EMBEDDED`: every architecture built, oldest first (build.rs writes it).
 include!(concat!(env!("OUT_DIR"), "/ptx_index.rs"));
+
+/// The architecture and sizes, not the bytes (a `Rope`'s `Debug` shows its `Kernels`).
+impl std::fmt::Debug for ArchPtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchPtx")
+            .field("arch", &self.arch)
+            .field("entries", &self.entries.len())
+            .field("deflated_bytes", &self.blob.len())
+            .finish()
+    }
+}
 
 impl ArchPtx {
     fn inflate(&self, (start, end): (usize, usize)) -> String {
@@ -370,6 +380,9 @@ mod tests {
         }
         // Oldest first, each needing a newer device than the one before.
         assert!(EMBEDDED.windows(2).all(|w| w[0].capability < w[1].capability));
+        // Debug shows the architecture, not the megabytes of PTX.
+        let shown = format!("{:?}", EMBEDDED[0]);
+        assert!(shown.contains(EMBEDDED[0].arch) && shown.len() < 200, "{shown}");
     }
 
     /// The newest architecture a device runs is loaded, or the one asked for if it runs it.
