@@ -230,7 +230,7 @@ impl Kernels {
     /// What has been loaded so far, and the driver's time for it.
     pub fn load_stats(&self) -> LoadStats {
         let load_time = *self.loading.lock().unwrap_or_else(|e| e.into_inner());
-        let loaded = self.entries.iter().filter(|e| e.get().is_some()).count();
+        let loaded = self.loaded().count();
         LoadStats { loaded, available: EntryPoint::ALL.len(), load_time }
     }
 
@@ -254,15 +254,19 @@ impl Kernels {
         let start = Instant::now();
         // SAFETY: makes this module's context current on this thread for the load; popped below.
         driver("cuCtxPushCurrent", unsafe { cuda::cuCtxPushCurrent_v2(self.context) })?;
-        let module = Module::from_ptx(&ptx, &[]).map_err(|source| Error::KernelLoad { name, source });
-        let function = module.as_ref().ok().map(|m| m.get_function(name).map(|f| f.to_raw()));
+        let load = || -> Result<Loaded> {
+            let module = Module::from_ptx(&ptx, &[]).map_err(|source| Error::KernelLoad { name, source })?;
+            let function = module.get_function(name).map_err(|source| Error::KernelLoad { name, source })?.to_raw();
+            Ok(Loaded { function, _module: module })
+        };
+        let loaded = load();
         let mut popped = std::ptr::null_mut();
         // SAFETY: pops the context pushed above.
         driver("cuCtxPopCurrent", unsafe { cuda::cuCtxPopCurrent_v2(&mut popped) })?;
         *spent += start.elapsed();
-        let module = module?;
-        let function = function.expect("loaded").map_err(|source| Error::KernelLoad { name, source })?;
-        let _ = cell.set(Loaded { function, _module: module });
+        let loaded = loaded?;
+        let function = loaded.function;
+        let _ = cell.set(loaded);
         Ok(function)
     }
 
