@@ -101,7 +101,6 @@ fn raw_stream(kernels: &Kernels, stream: &CudaStream) -> Result<cuda::CUstream> 
 #[derive(Debug)]
 pub struct View<'a> {
     raw: RawTensor,
-    dtype: DType,
     _sync: SyncOnDrop<'a>,
 }
 
@@ -110,7 +109,7 @@ impl<'a> View<'a> {
     pub fn new<T: CudarcElement>(buf: &'a impl DevicePtr<T>, layout: Layout, stream: &'a CudaStream) -> Self {
         let len = buf.len();
         let (ptr, sync) = buf.device_ptr(stream);
-        View { raw: RawTensor { ptr, len, layout }, dtype: T::DTYPE, _sync: sync }
+        View { raw: RawTensor::new(ptr, len, T::DTYPE, layout), _sync: sync }
     }
 }
 
@@ -118,7 +117,6 @@ impl<'a> View<'a> {
 #[derive(Debug)]
 pub struct ViewMut<'a> {
     raw: RawTensor,
-    dtype: DType,
     _sync: Option<SyncOnDrop<'a>>,
 }
 
@@ -127,7 +125,7 @@ impl<'a> ViewMut<'a> {
     pub fn new<T: CudarcElement>(buf: &'a mut impl DevicePtrMut<T>, layout: Layout, stream: &'a CudaStream) -> Self {
         let len = buf.len();
         let (ptr, sync) = buf.device_ptr_mut(stream);
-        ViewMut { raw: RawTensor { ptr, len, layout }, dtype: T::DTYPE, _sync: Some(sync) }
+        ViewMut { raw: RawTensor::new(ptr, len, T::DTYPE, layout), _sync: Some(sync) }
     }
 
     /// Two writable views of one buffer, such as q and k of a fused QKV buffer. Launches check
@@ -139,7 +137,7 @@ impl<'a> ViewMut<'a> {
         stream: &'a CudaStream,
     ) -> (Self, Self) {
         let first = ViewMut::new(buf, a, stream);
-        let second = ViewMut { raw: RawTensor { layout: b, ..first.raw }, dtype: first.dtype, _sync: None };
+        let second = ViewMut { raw: RawTensor { layout: b, ..first.raw }, _sync: None };
         (first, second)
     }
 }
@@ -259,14 +257,6 @@ pub struct Append<'r, 'a> {
     pub slots: Option<&'r Slots<'a>>,
 }
 
-/// `dtype` unless one of `others` differs ([`Error::DType`]).
-fn one_dtype(dtype: DType, others: impl IntoIterator<Item = DType>) -> Result<DType> {
-    match others.into_iter().find(|&d| d != dtype) {
-        Some(got) => Err(Error::DType { expected: dtype, got }),
-        None => Ok(dtype),
-    }
-}
-
 impl Rope {
     /// [`Rope::apply_in_place`] on cudarc buffers and a cudarc stream of the kernels' context.
     pub fn apply_in_place_cudarc(
@@ -277,16 +267,8 @@ impl Rope {
         direction: Direction,
         stream: &CudaStream,
     ) -> Result<()> {
-        let dtype = one_dtype(q.dtype, k.as_ref().map(|k| k.dtype))?;
-        let args = RawArgs {
-            dtype,
-            q: q.raw,
-            q_out: None,
-            k: k.map(|k| k.raw),
-            k_out: None,
-            positions: positions.raw,
-            direction,
-        };
+        let args =
+            RawArgs { q: q.raw, q_out: None, k: k.map(|k| k.raw), k_out: None, positions: positions.raw, direction };
         let stream = raw_stream(self.kernels(), stream)?;
         // SAFETY: the views hold cudarc buffers of their dtype, borrowed (q and k mutably)
         // until they are dropped, after this call has queued its work; `raw_stream` checked
@@ -324,10 +306,8 @@ impl Rope {
         direction: Direction,
         stream: &CudaStream,
     ) -> Result<()> {
-        let others = [Some(q_out.dtype), k.as_ref().map(|k| k.0.dtype), k.as_ref().map(|k| k.1.dtype)];
-        let dtype = one_dtype(q.dtype, others.into_iter().flatten())?;
         let (k, k_out) = k.map(|(k, o)| (k.raw, o.raw)).unzip();
-        let args = RawArgs { dtype, q: q.raw, q_out: Some(q_out.raw), k, k_out, positions: positions.raw, direction };
+        let args = RawArgs { q: q.raw, q_out: Some(q_out.raw), k, k_out, positions: positions.raw, direction };
         let stream = raw_stream(self.kernels(), stream)?;
         // SAFETY: as in `apply_in_place_cudarc`.
         unsafe { self.apply_raw(&args, stream) }
@@ -359,11 +339,7 @@ impl Rope {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn append_kv_cudarc(&self, args: Append<'_, '_>, stream: &CudaStream) -> Result<()> {
-        let others =
-            [Some(args.v.dtype), Some(args.cache.k.dtype), Some(args.cache.v.dtype), args.q.as_ref().map(|q| q.dtype)];
-        let dtype = one_dtype(args.k.dtype, others.into_iter().flatten())?;
         let raw = RawKvArgs {
-            dtype,
             q: args.q.map(|q| q.raw),
             k: args.k.raw,
             v: args.v.raw,

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use cust::memory::DeviceSlice;
 use cust::stream::Stream;
 use cust::sys as cuda;
+use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
 use rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS;
@@ -88,8 +89,8 @@ impl<'a, T: Element> KvCache<'a, T> {
 
     fn new(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout, paged: bool) -> Self {
         let raw = RawKvCache {
-            k: RawTensor { ptr: k.as_device_ptr().as_raw(), len: k.len(), layout },
-            v: RawTensor { ptr: v.as_device_ptr().as_raw(), len: v.len(), layout },
+            k: RawTensor::new(k.as_device_ptr().as_raw(), k.len(), T::DTYPE, layout),
+            v: RawTensor::new(v.as_device_ptr().as_raw(), v.len(), T::DTYPE, layout),
             paged,
         };
         KvCache { raw, _borrow: PhantomData }
@@ -168,11 +169,11 @@ impl<'r, 'a, T> KvAppend<'r, 'a, T> {
     }
 }
 
-/// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]).
+/// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]). Each
+/// tensor carries its element type: q's, k's and v's must be the configuration's, and the
+/// caches' one a kernel writes from it (so far: the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawKvArgs {
-    /// Element type of every tensor; must be the configuration's.
-    pub dtype: DType,
     /// Queries `[batch, seq, q_heads, head_dim]` to rotate in place in the same launch.
     pub q: Option<RawTensor>,
     /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
@@ -271,8 +272,12 @@ impl KvPlan {
 /// Checks `args` against `spec` and works out the launch with `table` and `errors`; `None`
 /// when there is no work.
 pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors: ErrorSink) -> Result<Option<KvPlan>> {
-    if args.dtype != spec.dtype {
-        return Err(Error::DType { expected: spec.dtype, got: args.dtype });
+    // The inputs are of the configuration's type; the caches of one a kernel writes from it
+    // (checked with the key, below).
+    for t in [args.q.as_ref(), Some(&args.k), Some(&args.v)].into_iter().flatten() {
+        if t.dtype != spec.dtype {
+            return Err(Error::DType { expected: spec.dtype, got: t.dtype });
+        }
     }
     let size = spec.dtype.size();
     let (hd, rot) = (spec.head_dim, spec.rotary_dim);
@@ -286,11 +291,11 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         for (axis, i, want) in [("batch", 0, batch), ("seq", 1, seq), ("head_dim", 3, hd)] {
             check_axis("q", axis, want, q.layout.shape[i])?;
         }
-        check_view("q", q, size)?;
+        check_view("q", q)?;
         check_written("q", &q.layout)?;
     }
-    check_view("k", &args.k, size)?;
-    check_view("v", &args.v, size)?;
+    check_view("k", &args.k)?;
+    check_view("v", &args.v)?;
 
     let cache = &args.cache;
     let cl = cache.k.layout;
@@ -305,8 +310,8 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
     let (blocks, block_size) = (cl.shape[0], cl.shape[1]);
     check_axis("cache", "heads", kv_heads, cl.shape[2])?;
     check_axis("cache", "head_dim", hd, cl.shape[3])?;
-    check_view("k cache", &cache.k, size)?;
-    check_view("v cache", &cache.v, size)?;
+    check_view("k cache", &cache.k)?;
+    check_view("v cache", &cache.v)?;
     check_written("cache", &cl)?;
     // What is written (q in place, both caches) shares nothing with anything else.
     let entries = [
@@ -320,7 +325,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
             let (Some(w), Some(o)) = (w, o) else { continue };
             if written && i != j && (!o_written || i < j) {
-                check_disjoint((wn, &w), (on, &o), size)?;
+                check_disjoint((wn, &w), (on, &o))?;
             }
         }
     }
@@ -387,18 +392,17 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         + groups(kv_heads as u32, g) as u64 * (k_lanes + v_lanes) as u64;
     let Some((geometry, chunk)) = flat_geometry(tokens as u32, work)? else { return Ok(None) };
 
-    let address = |t: &RawTensor| t.ptr + (t.layout.offset * size) as u64;
     let strides = cl.strides.map(|s| s as u64);
-    let (kc, vc, nb, bs) = (address(&cache.k), address(&cache.v), blocks as u32, block_size as u32);
+    let (kc, vc, nb, bs) = (cache.k.address(), cache.v.address(), blocks as u32, block_size as u32);
     let cache_view = match args.slots {
         Some((mapping, _)) => CacheView::paged(kc, vc, strides, mapping, nb, bs),
         None => CacheView::contiguous(kc, vc, strides, nb, bs),
     };
     let params = KvParams {
-        q: args.q.as_ref().map(|q| heads_view(q, None, size)).unwrap_or_default(),
-        k: heads_view(&args.k, None, size),
-        v: heads_view(&args.v, None, size),
-        cache: cache_view,
+        q: args.q.as_ref().map(|q| heads_view(q, None)).unwrap_or_default(),
+        k: heads_view(&args.k, None),
+        v: heads_view(&args.v, None),
+        cache: cache_view.with_types(cache.k.dtype, cache.v.dtype),
         owners: OwnerView::SCAN,
         // The scanning kernels (few tokens) copy the angle table into shared memory while
         // the positions load (see `TableView::with_staged`).
@@ -415,7 +419,13 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         seq_div: FastDiv::new(seq as u32),
         lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
     };
-    let key = KvKey { style: spec.style, dtype: spec.dtype, width, tables: spec.tables, mrope: spec.mrope.is_some() };
+    let key =
+        KvKey { style: spec.style, types: params.types(), width, tables: spec.tables, mrope: spec.mrope.is_some() };
+    if key.entry_point().is_none() {
+        // Only the caches' types can be without a kernel: the inputs' are the configuration's.
+        let got = [cache.k.dtype, cache.v.dtype].into_iter().find(|&d| d != spec.dtype).unwrap_or(spec.dtype);
+        return Err(Error::DType { expected: spec.dtype, got });
+    }
     Ok(Some(KvPlan { key, params, geometry, claim }))
 }
 
@@ -429,11 +439,10 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
 ///     validate_append, DType, Error, Layout, PositionKind, RawKvArgs, RawKvCache, RawPositions, RawTensor, RopeConfig,
 /// };
 /// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
-/// let t = |i: u64, layout: Layout| RawTensor { ptr: i << 30, len: layout.extent().unwrap(), layout };
+/// let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
 /// let new = Layout::bshd(4, 1, 8, 128); // 4 sequences, one new token each, 8 kv heads
 /// let cache = Layout::bshd(64, 16, 8, 128); // 64 pages of 16 slots
 /// let args = RawKvArgs {
-///     dtype: DType::BF16,
 ///     q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
 ///     k: t(2, new),
 ///     v: t(3, new),
@@ -491,7 +500,6 @@ impl Rope {
     /// ```
     pub fn append_kv<T: Element>(&self, args: KvAppend<'_, '_, T>, stream: &Stream) -> Result<()> {
         let raw = RawKvArgs {
-            dtype: T::DTYPE,
             q: args.q.map(|q| q.raw),
             k: args.k.raw,
             v: args.v.raw,
@@ -526,9 +534,8 @@ impl Rope {
     /// let mut kc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
     /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
     /// let (pos, slots) = (DeviceBuffer::from_slice(&[3i32, 4])?, DeviceBuffer::from_slice(&[9i64, 10])?);
-    /// let raw = |b: &DeviceBuffer<f32>| RawTensor { ptr: b.as_device_ptr().as_raw(), len: b.len(), layout: new };
+    /// let raw = |b: &DeviceBuffer<f32>| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), DType::F32, new);
     /// let args = RawKvArgs {
-    ///     dtype: DType::F32,
     ///     q: None,
     ///     k: raw(&k),
     ///     v: raw(&v),
@@ -556,6 +563,7 @@ impl Rope {
 mod tests {
     use super::*;
     use crate::tensor::PositionKind;
+    use rope_cuda_kernels::keys::KvTypes;
     use rope_cuda_kernels::views::CacheKind;
 
     /// [`super::plan_kv`] without tables or records, as [`validate_append`] plans.
@@ -566,7 +574,7 @@ mod tests {
     const BASE: u64 = 1 << 28;
 
     fn tensor(i: u64, layout: Layout) -> RawTensor {
-        RawTensor { ptr: i * BASE, len: layout.extent().unwrap(), layout }
+        RawTensor::new(i * BASE, layout.extent().unwrap(), DType::BF16, layout)
     }
 
     fn spec() -> KvSpec {
@@ -576,7 +584,6 @@ mod tests {
     /// 2 sequences x 3 tokens, 8 q heads, 2 kv heads, a paged cache of 10 blocks of 16.
     fn args() -> RawKvArgs {
         RawKvArgs {
-            dtype: DType::BF16,
             q: Some(tensor(1, Layout::bshd(2, 3, 8, 128))),
             k: tensor(2, Layout::bshd(2, 3, 2, 128)),
             v: tensor(3, Layout::bshd(2, 3, 2, 128)),
@@ -653,7 +660,20 @@ mod tests {
     #[test]
     fn each_bad_input_has_its_own_error() {
         let a = args();
-        assert!(matches!(err(&RawKvArgs { dtype: DType::F16, ..a }), Error::DType { .. }));
+        // Each operand's type: q, k and v the configuration's; the caches one a kernel writes
+        // from it (so far only the inputs' own).
+        let f16 = |t: RawTensor| RawTensor { dtype: DType::F16, ..t };
+        for bad in [
+            RawKvArgs { q: a.q.map(f16), ..a },
+            RawKvArgs { k: f16(a.k), ..a },
+            RawKvArgs { v: f16(a.v), ..a },
+            RawKvArgs { cache: RawKvCache { k: f16(a.cache.k), ..a.cache }, ..a },
+            RawKvArgs { cache: RawKvCache { v: f16(a.cache.v), ..a.cache }, ..a },
+        ] {
+            let e = err(&bad);
+            assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+        }
+        assert_eq!(plan_kv(&spec(), &a).unwrap().unwrap().key.types, KvTypes::uniform(DType::BF16));
         let mut b = a;
         b.k.layout = Layout::bshd(2, 3, 2, 64);
         assert!(matches!(err(&b), Error::Shape { what: "k", axis: "head_dim", .. }));
@@ -743,18 +763,18 @@ mod tests {
     #[test]
     fn every_planned_key_has_an_entry_point() {
         use rope_cuda_kernels::entries::Key;
-        use rope_cuda_kernels::keys::{RopeKey, RopeWidth};
+        use rope_cuda_kernels::keys::{RopeKey, RopeTypes, RopeWidth};
         for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 // Both of the library's sources, with and without MRoPE, at every width.
                 for source in [TableSource::Table, TableSource::Computed] {
                     for mrope in [false, true] {
                         for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                            let key = RopeKey { style, dtype, width, mrope, source };
+                            let key = RopeKey { style, types: RopeTypes::uniform(dtype), width, mrope, source };
                             assert!(key.entry_point().is_some(), "{key:?}");
                         }
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
-                            let key = KvKey { style, dtype, width, tables: source, mrope };
+                            let key = KvKey { style, types: KvTypes::uniform(dtype), width, tables: source, mrope };
                             assert!(key.entry_point().is_some(), "{key:?}");
                         }
                     }
@@ -778,7 +798,8 @@ mod tests {
         }
         for dtype in [DType::F16, DType::BF16] {
             for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode] {
-                let key = KvKey { style: RopeStyle::GptJ, dtype, width, tables: TableSource::Caller, mrope: false };
+                let types = KvTypes::uniform(dtype);
+                let key = KvKey { style: RopeStyle::GptJ, types, width, tables: TableSource::Caller, mrope: false };
                 assert!(key.entry_point().is_some(), "{key:?}");
             }
         }

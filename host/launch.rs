@@ -21,7 +21,8 @@ use crate::tensor::{RawPositions, RawTensor};
 pub(crate) use rope_cuda_kernels::tuning::BLOCK_THREADS;
 
 /// The view lies inside its buffer, and its address is aligned to its elements.
-pub(crate) fn check_view(what: &'static str, t: &RawTensor, size: usize) -> Result<()> {
+pub(crate) fn check_view(what: &'static str, t: &RawTensor) -> Result<()> {
+    let size = t.dtype.size();
     let extent = t.layout.extent().unwrap_or(usize::MAX);
     if extent > t.len {
         return Err(Error::OutOfBounds { what, extent, len: t.len });
@@ -40,9 +41,24 @@ pub(crate) fn check_written(what: &'static str, l: &Layout) -> Result<()> {
     }
 }
 
-/// Two views share no element.
-pub(crate) fn check_disjoint(a: (&'static str, &RawTensor), b: (&'static str, &RawTensor), size: usize) -> Result<()> {
-    match disjoint((a.1.ptr, &a.1.layout), (b.1.ptr, &b.1.layout), size) {
+/// Two views share no element (views of different element types: no byte).
+pub(crate) fn check_disjoint(a: (&'static str, &RawTensor), b: (&'static str, &RawTensor)) -> Result<()> {
+    let (sa, sb) = (a.1.dtype.size(), b.1.dtype.size());
+    let ok = match sa == sb {
+        true => disjoint((a.1.ptr, &a.1.layout), (b.1.ptr, &b.1.layout), sa),
+        false => {
+            let range = |t: &RawTensor, size: usize| match t.layout.extent() {
+                _ if t.layout.is_empty() => None,
+                Some(end) => Some((t.address() as u128, t.ptr as u128 + (end * size) as u128)),
+                None => Some((t.address() as u128, u128::MAX)),
+            };
+            match (range(a.1, sa), range(b.1, sb)) {
+                (Some((s0, e0)), Some((s1, e1))) => e0 <= s1 || e1 <= s0,
+                _ => true,
+            }
+        }
+    };
+    match ok {
         true => Ok(()),
         false => Err(Error::Aliasing { a: a.0, b: b.0 }),
     }
@@ -127,14 +143,15 @@ pub(crate) fn vector_fits<'t>(
     size: usize,
     views: impl IntoIterator<Item = &'t RawTensor>,
 ) -> bool {
+    // `e` elements of the inputs' `size` per access: 16 bytes of the inputs; each view's
+    // accesses are `e` of its own elements.
     let e = 16 / size;
     let pairs_ok = match style {
         RopeStyle::NeoX => (rotary_dim / 2) % e == 0,
         RopeStyle::GptJ => rotary_dim % gptj_lane(true, e) == 0,
     };
-    let aligned = |t: &RawTensor| {
-        (t.ptr + (t.layout.offset * size) as u64) % 16 == 0 && t.layout.strides.iter().all(|s| s % e == 0)
-    };
+    let aligned =
+        |t: &RawTensor| t.address() % (e * t.dtype.size()) as u64 == 0 && t.layout.strides.iter().all(|s| s % e == 0);
     pairs_ok && head_dim % e == 0 && views.into_iter().all(aligned)
 }
 
@@ -158,14 +175,15 @@ pub(crate) fn detached_table(rotary_dim: usize, source: TableSource) -> TableVie
 }
 
 /// The kernels' view of `input` (and `output`, where the kernel writes through the view).
-pub(crate) fn heads_view(input: &RawTensor, output: Option<&RawTensor>, size: usize) -> HeadsView {
-    let address = |t: &RawTensor| t.ptr + (t.layout.offset * size) as u64;
+pub(crate) fn heads_view(input: &RawTensor, output: Option<&RawTensor>) -> HeadsView {
     HeadsView {
-        input: address(input),
-        output: output.map_or(0, address),
+        input: input.address(),
+        output: output.map_or(0, RawTensor::address),
         in_strides: input.layout.strides.map(|s| s as u64),
         out_strides: output.map_or([0; 3], |o| o.layout.strides.map(|s| s as u64)),
         heads: input.layout.heads() as u32,
+        in_type: input.dtype,
+        out_type: output.map_or(input.dtype, |o| o.dtype),
         _pad: 0,
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use cust::stream::Stream;
 use cust::sys as cuda;
+use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
 use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
 use rope_cuda_kernels::tuning::ROPE_FEW_THREADS as FEW_THREADS;
@@ -127,15 +128,8 @@ impl Rope {
         direction: Direction,
         stream: &Stream,
     ) -> Result<()> {
-        let args = RawArgs {
-            dtype: T::DTYPE,
-            q: q.raw,
-            q_out: None,
-            k: k.map(|k| k.raw),
-            k_out: None,
-            positions: positions.raw(),
-            direction,
-        };
+        let args =
+            RawArgs { q: q.raw, q_out: None, k: k.map(|k| k.raw), k_out: None, positions: positions.raw(), direction };
         // SAFETY: the views borrow live cust buffers of `T` for the call; `plan` checks the
         // rest.
         unsafe { self.apply_raw(&args, stream.as_inner()) }
@@ -176,15 +170,7 @@ impl Rope {
         stream: &Stream,
     ) -> Result<()> {
         let (k, k_out) = k.map(|(k, o)| (k.raw, o.raw)).unzip();
-        let args = RawArgs {
-            dtype: T::DTYPE,
-            q: q.raw,
-            q_out: Some(q_out.raw),
-            k,
-            k_out,
-            positions: positions.raw(),
-            direction,
-        };
+        let args = RawArgs { q: q.raw, q_out: Some(q_out.raw), k, k_out, positions: positions.raw(), direction };
         // SAFETY: as in `apply_in_place`.
         unsafe { self.apply_raw(&args, stream.as_inner()) }
     }
@@ -209,9 +195,8 @@ impl Rope {
     /// use rope_cuda::{DType, Direction, Layout, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
     /// let q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
-    /// let raw = RawTensor { ptr: q.as_device_ptr().as_raw(), len: q.len(), layout: Layout::bshd(1, 2, 1, 64) };
+    /// let raw = RawTensor::new(q.as_device_ptr().as_raw(), q.len(), DType::F32, Layout::bshd(1, 2, 1, 64));
     /// let args = RawArgs {
-    ///     dtype: DType::F32,
     ///     q: raw,
     ///     q_out: None,
     ///     k: None,
@@ -282,9 +267,8 @@ impl Rope {
 /// ```
 /// use rope_cuda::{validate, DType, Direction, Error, Layout, RawArgs, RawPositions, RawTensor, RopeConfig};
 /// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
-/// let q = RawTensor { ptr: 1 << 20, len: 2 * 8 * 128, layout: Layout::bshd(1, 2, 8, 128) };
+/// let q = RawTensor::new(1 << 20, 2 * 8 * 128, DType::BF16, Layout::bshd(1, 2, 8, 128));
 /// let args = RawArgs {
-///     dtype: DType::BF16,
 ///     q,
 ///     q_out: None,
 ///     k: None,
@@ -324,8 +308,12 @@ struct Operand {
 /// Checks `args` against `config` and works out the launch with `table` and `errors`; `None`
 /// when there is no work.
 pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors: ErrorSink) -> Result<Option<Plan>> {
-    if args.dtype != config.dtype {
-        return Err(Error::DType { expected: config.dtype, got: args.dtype });
+    // The inputs are of the configuration's type; the outputs of one a kernel writes from it
+    // (checked with the key, below).
+    for t in [Some(&args.q), args.k.as_ref()].into_iter().flatten() {
+        if t.dtype != config.dtype {
+            return Err(Error::DType { expected: config.dtype, got: t.dtype });
+        }
     }
     let size = config.dtype.size();
     if args.q_out.is_some() != args.k_out.is_some() && args.k.is_some() {
@@ -350,12 +338,12 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
             check_axis(op.out_name, axis, shape[i], out[i])?;
         }
-        check_view(op.name, &op.input, size)?;
-        check_view(op.out_name, &op.output, size)?;
+        check_view(op.name, &op.input)?;
+        check_view(op.out_name, &op.output)?;
         check_written(if in_place { op.name } else { op.out_name }, &op.output.layout)?;
         // An output either is its input (in place) or shares nothing with it.
         if (op.output.ptr, op.output.layout) != (op.input.ptr, op.input.layout) {
-            check_disjoint((op.name, &op.input), (op.out_name, &op.output), size)?;
+            check_disjoint((op.name, &op.input), (op.out_name, &op.output))?;
         }
     }
     if let Some(k) = &k {
@@ -367,7 +355,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         ];
         for (a, an, b, bn) in pairs {
             let (an, bn) = if in_place { (q.name, k.name) } else { (an, bn) };
-            check_disjoint((an, a), (bn, b), size)?;
+            check_disjoint((an, a), (bn, b))?;
         }
     }
 
@@ -388,7 +376,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     let vector = vector_fits(config.style, hd, rot, size, ops().flat_map(|op| [&op.input, &op.output]));
     let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
     let copy_lanes = if in_place { 0 } else { (hd - rot) / copy_width };
-    let view = |op: &Operand| heads_view(&op.input, Some(&op.output), size);
+    let view = |op: &Operand| heads_view(&op.input, Some(&op.output));
     let params = RopeParams {
         q: view(&q),
         k: k.as_ref().map(view).unwrap_or_default(),
@@ -431,7 +419,13 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     // load (the one-head kernels only; see `TableView::with_staged`).
     let params =
         RopeParams { table: if computed { params.table.with_staged(few && g == 1) } else { params.table }, ..params };
-    let key = RopeKey { style: config.style, dtype: config.dtype, width, mrope: config.mrope.is_some(), source };
+    let key = RopeKey { style: config.style, types: params.types(), width, mrope: config.mrope.is_some(), source };
+    if key.entry_point().is_none() {
+        // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
+        let got = [Some(&args.q), args.q_out.as_ref(), args.k_out.as_ref()].into_iter().flatten();
+        let got = got.map(|t| t.dtype).find(|&d| d != config.dtype).unwrap_or(config.dtype);
+        return Err(Error::DType { expected: config.dtype, got });
+    }
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
         let shared = if computed { params.shared_bytes(geometry.block.0, g) } else { 0 };
@@ -456,6 +450,7 @@ mod tests {
     use crate::config::DType;
     use crate::layout::Layout;
     use crate::tensor::{PositionKind, RawPositions};
+    use rope_cuda_kernels::keys::RopeTypes;
     use rope_cuda_kernels::params::{block_tokens, block_tokens_max, work_item};
     use rope_cuda_kernels::views::ErrorRecord;
 
@@ -467,14 +462,13 @@ mod tests {
     const BASE: u64 = 1 << 20;
 
     fn tensor(ptr: u64, layout: Layout) -> RawTensor {
-        RawTensor { ptr, len: layout.extent().unwrap(), layout }
+        RawTensor::new(ptr, layout.extent().unwrap(), DType::BF16, layout)
     }
 
     /// bf16, head_dim 128, 4 tokens of q (8 heads) and k (2 heads) in separate buffers, ids.
     fn args() -> (RopeConfig, RawArgs) {
         let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
         let args = RawArgs {
-            dtype: DType::BF16,
             q: tensor(BASE, Layout::bshd(2, 2, 8, 128)),
             q_out: None,
             k: Some(tensor(2 * BASE, Layout::bshd(2, 2, 2, 128))),
@@ -511,8 +505,8 @@ mod tests {
     fn args_tokens(config: RopeConfig, dtype: DType, seq: usize) -> (RopeConfig, RawArgs) {
         let (config, mut args) = args_with(config, dtype);
         let (d, at) = (config.head_dim, |i: u64| i << 36);
-        args.q = tensor(at(1), Layout::bshd(2, seq, 32, d));
-        args.k = Some(tensor(at(2), Layout::bshd(2, seq, 8, d)));
+        args.q = RawTensor { dtype, ..tensor(at(1), Layout::bshd(2, seq, 32, d)) };
+        args.k = Some(RawTensor { dtype, ..tensor(at(2), Layout::bshd(2, seq, 8, d)) });
         args.positions = RawPositions { kind: PositionKind::IdsI32, ptr: at(3), len: 2 * seq };
         (config, args)
     }
@@ -586,10 +580,9 @@ mod tests {
     fn args_with(config: RopeConfig, dtype: DType) -> (RopeConfig, RawArgs) {
         let (_, mut args) = args();
         let config = config.dtype(dtype);
-        args.dtype = dtype;
         let d = config.head_dim;
-        args.q = tensor(BASE, Layout::bshd(2, 2, 8, d));
-        args.k = Some(tensor(2 * BASE, Layout::bshd(2, 2, 2, d)));
+        args.q = RawTensor { dtype, ..tensor(BASE, Layout::bshd(2, 2, 8, d)) };
+        args.k = Some(RawTensor { dtype, ..tensor(2 * BASE, Layout::bshd(2, 2, 2, d)) });
         (config, args)
     }
 
@@ -597,12 +590,13 @@ mod tests {
     fn fused_qkv_views_in_place_are_accepted() {
         let (config, mut args) = args();
         let row = (8 + 2 + 2) * 128 + 8; // padded rows
-        args.q = RawTensor { ptr: BASE, len: 4 * row, layout: Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0) };
-        args.k = Some(RawTensor {
-            ptr: BASE,
-            len: 4 * row,
-            layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
-        });
+        args.q = RawTensor::new(BASE, 4 * row, DType::BF16, Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0));
+        args.k = Some(RawTensor::new(
+            BASE,
+            4 * row,
+            DType::BF16,
+            Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
+        ));
         let p = plan(&config, &args).unwrap().unwrap();
         assert_ne!(p.key.width, RopeWidth::Scalar, "row stride {row} keeps 16-byte alignment");
         // k shifted by one head onto q's last head.
@@ -613,8 +607,22 @@ mod tests {
     #[test]
     fn each_bad_input_has_its_own_error() {
         let (config, args) = args();
-        let e = err(&config, &RawArgs { dtype: DType::F16, ..args });
-        assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+        // Each operand's type: q and k the configuration's; an output one a kernel writes
+        // from it (so far only the inputs' own).
+        let f16 = |t: RawTensor| RawTensor { dtype: DType::F16, ..t };
+        let oop = |a: RawArgs| RawArgs { q_out: Some(tensor(5 * BASE, a.q.layout)), k_out: a.k, ..a };
+        for bad in [
+            RawArgs { q: f16(args.q), ..args },
+            RawArgs { k: args.k.map(f16), ..args },
+            RawArgs { q_out: Some(f16(tensor(5 * BASE, args.q.layout))), ..oop(args) },
+            RawArgs { k_out: args.k.map(|k| f16(RawTensor { ptr: 6 * BASE, ..k })), ..oop(args) },
+        ] {
+            let e = err(&config, &bad);
+            assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+        }
+        let good = oop(args);
+        let good = RawArgs { k_out: good.k_out.map(|k| RawTensor { ptr: 6 * BASE, ..k }), ..good };
+        assert_eq!(plan(&config, &good).unwrap().unwrap().key.types, RopeTypes::uniform(DType::BF16));
 
         let mut a = args;
         a.q.layout.shape[3] = 64;
@@ -684,12 +692,13 @@ mod tests {
         let (config, args) = args();
         let row = (8 + 2 + 2) * 128;
         let fused = RawArgs {
-            q: RawTensor { ptr: BASE, len: 4 * row, layout: Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0) },
-            k: Some(RawTensor {
-                ptr: BASE,
-                len: 4 * row,
-                layout: Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
-            }),
+            q: RawTensor::new(BASE, 4 * row, DType::BF16, Layout::strided([2, 2, 8, 128], [2 * row, row, 128], 0)),
+            k: Some(RawTensor::new(
+                BASE,
+                4 * row,
+                DType::BF16,
+                Layout::strided([2, 2, 2, 128], [2 * row, row, 128], 8 * 128),
+            )),
             ..args
         };
         let oop = RawArgs {
@@ -728,19 +737,11 @@ mod tests {
                 for (ql, kl, fused) in storages {
                     let kptr = if fused { BASE } else { 2 * BASE };
                     let len = |l: &Layout| l.extent().unwrap() + 8;
-                    let q = RawTensor { ptr: BASE, len: len(&ql).max(len(&kl)), layout: ql };
-                    let k = RawTensor { ptr: kptr, len: len(&ql).max(len(&kl)), layout: kl };
+                    let q = RawTensor::new(BASE, len(&ql).max(len(&kl)), DType::BF16, ql);
+                    let k = RawTensor::new(kptr, len(&ql).max(len(&kl)), DType::BF16, kl);
                     let positions = RawPositions { kind: PositionKind::IdsI64, ptr: 8 * BASE, len: b * s };
                     let dir = Direction::Forward;
-                    let in_place = RawArgs {
-                        dtype: DType::BF16,
-                        q,
-                        q_out: None,
-                        k: Some(k),
-                        k_out: None,
-                        positions,
-                        direction: dir,
-                    };
+                    let in_place = RawArgs { q, q_out: None, k: Some(k), k_out: None, positions, direction: dir };
                     plan(&config, &in_place).unwrap_or_else(|e| panic!("{ql:?} {kl:?}: {e}"));
                     let (qo, ko) = (RawTensor { ptr: 16 * BASE, ..q }, RawTensor { ptr: 16 * BASE + kptr - BASE, ..k });
                     let oop = RawArgs { q_out: Some(qo), k_out: Some(ko), ..in_place };

@@ -32,15 +32,29 @@ impl Element for half::bf16 {
     const DTYPE: DType = DType::BF16;
 }
 
-/// A device buffer of `len` elements at address `ptr`, viewed through `layout`.
+/// A device buffer of `len` elements of type `dtype` at address `ptr`, viewed through `layout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawTensor {
     /// Device address (`CUdeviceptr`) of element 0 of the buffer.
     pub ptr: u64,
     /// Elements in the buffer: the view must stay inside it.
     pub len: usize,
+    /// The elements' type.
+    pub dtype: DType,
     /// The view.
     pub layout: Layout,
+}
+
+impl RawTensor {
+    /// `len` elements of `dtype` at `ptr`, viewed through `layout`.
+    pub const fn new(ptr: u64, len: usize, dtype: DType, layout: Layout) -> Self {
+        RawTensor { ptr, len, dtype, layout }
+    }
+
+    /// The view's first element's address.
+    pub(crate) fn address(&self) -> u64 {
+        self.ptr + (self.layout.offset * self.dtype.size()) as u64
+    }
 }
 
 /// A read-only view of q or k in a cust buffer.
@@ -74,7 +88,7 @@ impl<'a, T: Element> Tensor<'a, T> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(buf: &'a DeviceSlice<T>, layout: Layout) -> Self {
-        Tensor { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
+        Tensor { raw: RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout), _borrow: PhantomData }
     }
 }
 
@@ -102,7 +116,8 @@ impl<'a, T: Element> TensorMut<'a, T> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(buf: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
-        TensorMut { raw: RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout }, _borrow: PhantomData }
+        let raw = RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout);
+        TensorMut { raw, _borrow: PhantomData }
     }
 
     /// Two writable views of one buffer, such as q and k in a fused QKV buffer. Launches
@@ -125,7 +140,7 @@ impl<'a, T: Element> TensorMut<'a, T> {
     /// ```
     pub fn pair(buf: &'a mut DeviceSlice<T>, a: Layout, b: Layout) -> (Self, Self) {
         let (ptr, len) = (buf.as_device_ptr().as_raw(), buf.len());
-        let view = |layout| TensorMut { raw: RawTensor { ptr, len, layout }, _borrow: PhantomData };
+        let view = |layout| TensorMut { raw: RawTensor::new(ptr, len, T::DTYPE, layout), _borrow: PhantomData };
         (view(a), view(b))
     }
 
@@ -191,11 +206,11 @@ impl Positions<'_> {
     }
 }
 
-/// Everything one RoPE launch takes, as device addresses.
+/// Everything one RoPE launch takes, as device addresses. Each tensor carries its element
+/// type: q's and k's must be the configuration's, and each output's one a kernel writes from
+/// them (so far: the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawArgs {
-    /// Element type of every tensor; must be the configuration's.
-    pub dtype: DType,
     /// The queries.
     pub q: RawTensor,
     /// Where rotated q goes; `None`: in place.

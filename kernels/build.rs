@@ -23,9 +23,30 @@ const fn v(name: &'static str, key: &'static str, ty: &'static str) -> Value {
 
 /// Pairing: rotate-half (NeoX) or interleaved pairs (GPT-J).
 const STYLES: [Value; 2] = [v("neox", "RopeStyle::NeoX", "NeoX"), v("gptj", "RopeStyle::GptJ", "GptJ")];
-/// Element type of q, k, v and the cache; `ty` is the kernel's element type.
-const DTYPES: [Value; 3] =
-    [v("f32", "DType::F32", "F32"), v("f16", "DType::F16", "F16"), v("bf16", "DType::BF16", "Bf16")];
+/// Element types of the operands, one value per combination the kernels take: the name's
+/// part, the inputs' type (q, k, v; q rotated in place keeps it) and the outputs' type
+/// (RoPE's q and k outputs, the caches), each as `DType`'s variant.
+const TYPES: [(&str, &str, &str); 3] = [("f32", "F32", "F32"), ("f16", "F16", "F16"), ("bf16", "BF16", "BF16")];
+
+/// The kernels' element type of a `DType` variant.
+fn elem(d: &str) -> &'static str {
+    match d {
+        "F32" => "F32",
+        "F16" => "F16",
+        "BF16" => "Bf16",
+        _ => panic!("no element type for DType::{d}"),
+    }
+}
+
+/// The key pattern of a RoPE kernel's operand types.
+fn rope_types((_, i, o): (&str, &str, &str)) -> String {
+    format!("RopeTypes {{ q: DType::{i}, k: DType::{i}, q_out: DType::{o}, k_out: DType::{o} }}")
+}
+
+/// The key pattern of a KV kernel's operand types.
+fn kv_types((_, i, o): (&str, &str, &str)) -> String {
+    format!("KvTypes {{ q: DType::{i}, k: DType::{i}, v: DType::{i}, cache_k: DType::{o}, cache_v: DType::{o} }}")
+}
 /// The library's source of cos and sin: its table, or computed (`_c`).
 const SOURCES: [Value; 2] = [v("", "TableSource::Table", "LibTable"), v("_c", "TableSource::Computed", "Computed")];
 /// Which table row a pair reads: the token's one position, or MRoPE's three streams (`_m`).
@@ -45,14 +66,21 @@ const KV_WIDTHS: [Value; 4] = [
 /// The caller's tables (`_t`, the reference operation): GPT-J, one row, these widths.
 const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
 
-/// The body's load and store access types for a width (`s`: pairs of elements for GPT-J).
-fn io(width: &str, style: &str, t: &str) -> (String, String) {
-    match width {
+/// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
+/// `i` and outputs of type `o` (`DType` variants): rotating lanes' load and store, copying
+/// lanes' load and store, as the body's generic arguments.
+fn io(width: &str, style: &str, i: &str, o: &str) -> String {
+    let access = |t: &str| match width {
         "s" if style == "GptJ" => (format!("Two<{t}>"), format!("One<{t}>")),
         "s" => (format!("One<{t}>"), format!("One<{t}>")),
         "d" => (format!("Vec8<{t}>"), format!("Vec8<{t}>")),
         _ => (format!("Vec16<{t}>"), format!("Vec16<{t}>")),
-    }
+    };
+    // A store moves as many elements as its load: of the same access where the sizes agree
+    // (the only combinations listed so far).
+    assert_eq!(size(elem(i)), size(elem(o)), "no store access for {i} -> {o}");
+    let ((r, c), (w, d)) = (access(elem(i)), access(elem(o)));
+    format!("{r}, {w}, {c}, {d}")
 }
 
 fn size(t: &str) -> usize {
@@ -65,26 +93,26 @@ fn size(t: &str) -> usize {
 
 fn rope_rows(out: &mut String) {
     for style in &STYLES {
-        for dtype in &DTYPES {
+        for types in TYPES {
             for width in &ROPE_WIDTHS {
                 for rows in &ROWS {
                     for source in &SOURCES {
                         let name =
-                            format!("rope_{}_{}_{}{}{}", style.name, dtype.name, width.name, rows.name, source.name);
-                        let (r, c) = io(width.ty, style.ty, dtype.ty);
+                            format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.name);
+                        let access = io(width.ty, style.ty, types.1, types.2);
                         let g = match width.ty {
                             "v" => format!(
                                 "{{ heads_per_thread(true, {}, {}, {}) as usize }}",
                                 style.ty == "NeoX",
-                                size(dtype.ty),
+                                size(elem(types.1)),
                                 source.ty == "Computed"
                             ),
                             _ => "1".into(),
                         };
                         writeln!(
                             out,
-                            "        {name} {{ style: {}, dtype: {}, width: {}, mrope: {}, source: {} }} [{}, {r}, {c}, {}, {}, {g}];",
-                            style.key, dtype.key, width.key, rows.key, source.key, style.ty, source.ty, rows.ty
+                            "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {} }} [{}, {access}, {}, {}, {g}];",
+                            style.key, rope_types(types), width.key, rows.key, source.key, style.ty, source.ty, rows.ty
                         )
                         .unwrap();
                     }
@@ -94,37 +122,40 @@ fn rope_rows(out: &mut String) {
     }
 }
 
-fn kv_row(out: &mut String, style: &Value, dtype: &Value, width: &Value, rows: &Value, source: (&str, &str, &str)) {
-    let name = format!("kv_{}_{}_{}{}{}", style.name, dtype.name, width.name, rows.name, source.0);
-    let (r, c) = io(width.ty, style.ty, dtype.ty);
+type Types = (&'static str, &'static str, &'static str);
+
+fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: (&str, &str, &str)) {
+    let name = format!("kv_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.0);
+    let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
-        "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty == "GptJ", size(dtype.ty)),
+        "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty == "GptJ", size(elem(types.1))),
         _ => "1".into(),
     };
     let scan = matches!(width.ty, "s" | "d");
     writeln!(
         out,
-        "        {name} {{ style: {}, dtype: {}, width: {}, tables: {}, mrope: {} }} [{}, {r}, {c}, {}, {}, {g}, {scan}];",
-        style.key, dtype.key, width.key, source.1, rows.key, style.ty, source.2, rows.ty
+        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {} }} [{}, {access}, {}, {}, {g}, {scan}];",
+        style.key, kv_types(types), width.key, source.1, rows.key, style.ty, source.2, rows.ty
     )
     .unwrap();
 }
 
 fn kv_rows(out: &mut String) {
     for style in &STYLES {
-        for dtype in &DTYPES {
+        for types in TYPES {
             for width in &KV_WIDTHS {
                 for rows in &ROWS {
                     for source in &SOURCES {
-                        kv_row(out, style, dtype, width, rows, (source.name, source.key, source.ty));
+                        kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
                     }
                 }
             }
             if style.ty == "GptJ" {
-                // The caller's tables, in the element type (f32: its own table type).
-                let table = if dtype.ty == "F32" { "F32Table".to_string() } else { format!("ElemTable<{}>", dtype.ty) };
+                // The caller's tables, in the inputs' type (f32: its own table type).
+                let t = elem(types.1);
+                let table = if t == "F32" { "F32Table".to_string() } else { format!("ElemTable<{t}>") };
                 for &w in &CALLER_WIDTHS {
-                    kv_row(out, style, dtype, &KV_WIDTHS[w], &ROWS[0], ("_t", "TableSource::Caller", &table));
+                    kv_row(out, style, types, &KV_WIDTHS[w], &ROWS[0], ("_t", "TableSource::Caller", &table));
                 }
             }
         }
@@ -161,7 +192,11 @@ fn main() {
     list += "}\n\n/// The kernel axes the entry points are the products of (the names' parts; `\"\"` for a\n/// value that adds nothing to the name).\npub mod axes {\n";
     for (doc, name, values) in [
         ("Styles", "STYLES", names(&STYLES)),
-        ("Element types", "DTYPES", names(&DTYPES)),
+        (
+            "Element types of the operands (inputs, outputs)",
+            "TYPES",
+            TYPES.iter().map(|t| format!("{:?}", t.0)).collect::<Vec<_>>().join(", "),
+        ),
         ("Sources of cos and sin (the library's)", "SOURCES", names(&SOURCES)),
         ("Position rows (one position, MRoPE's streams)", "ROWS", names(&ROWS)),
         ("RoPE widths", "ROPE_WIDTHS", names(&ROPE_WIDTHS)),

@@ -363,7 +363,7 @@ fn aliasing_q_and_k_is_a_typed_error() {
     // Out of place, through the raw API (the safe one cannot express it): q's output over
     // k's input, and k's output over q's input.
     let base = buf.as_device_ptr().as_raw();
-    let t = |layout| RawTensor { ptr: base, len: n, layout };
+    let t = |layout| RawTensor::new(base, n, DType::BF16, layout);
     let out_at = |offset| Layout::strided([1, 4, 4, d], [4 * 4 * d, 4 * d, d], offset);
     let k_view = |offset| t(Layout::strided([1, 4, 1, d], [4 * d, d, d], offset));
     let cases = [
@@ -374,7 +374,6 @@ fn aliasing_q_and_k_is_a_typed_error() {
     ];
     for (q_in, q_out, k_in, k_out) in cases {
         let args = RawArgs {
-            dtype: DType::BF16,
             q: q_in,
             q_out,
             k: k_in,

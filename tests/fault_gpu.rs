@@ -17,9 +17,8 @@ fn device_fault_is_a_typed_error_at_the_next_sync() {
     let ids = upload_t(&[1i32; 64]);
     // The first page of the address space: aligned, and never mapped (an address further up
     // may happen to fall in a mapping, and then nothing faults).
-    let bogus = RawTensor { ptr: 0x1000, len: 64 * 4 * 64, layout: Layout::bshd(1, 64, 4, 64) };
+    let bogus = RawTensor::new(0x1000, 64 * 4 * 64, DType::BF16, Layout::bshd(1, 64, 4, 64));
     let args = RawArgs {
-        dtype: DType::BF16,
         q: bogus,
         q_out: None,
         k: None,

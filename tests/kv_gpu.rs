@@ -348,9 +348,8 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             // q is written in place and k and v read from one QKV buffer: the raw entry,
             // since one cust borrow cannot be both.
             let buf = upload_t(&q_host);
-            let raw = |layout| RawTensor { ptr: buf.as_device_ptr().as_raw(), len: buf.len(), layout };
+            let raw = |layout| RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout);
             let args = RawKvArgs {
-                dtype: T::DTYPE,
                 q: (hq > 0).then(|| raw(q_l)),
                 k: raw(k_l),
                 v: raw(v_l),

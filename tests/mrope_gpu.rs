@@ -300,7 +300,7 @@ fn mrope_fused_paged_append_matches_the_reference() {
 const BASE: u64 = 1 << 32;
 
 fn raw(i: u64, layout: Layout) -> RawTensor {
-    RawTensor { ptr: i * BASE, len: layout.extent().unwrap(), layout }
+    RawTensor::new(i * BASE, layout.extent().unwrap(), DType::F32, layout)
 }
 
 /// Every MRoPE misuse is a typed error before any launch (no GPU needed).
@@ -316,7 +316,6 @@ fn mrope_misuse_is_a_typed_error() {
     let config = RopeConfig::new(128, 4096).mrope(Some(Mrope::new([16, 24, 24], false)));
     let q = raw(1, Layout::bshd(2, 3, 4, 128));
     let args = |kind, len| RawArgs {
-        dtype: DType::F32,
         q,
         q_out: None,
         k: None,
@@ -336,7 +335,6 @@ fn mrope_misuse_is_a_typed_error() {
     let new = Layout::bshd(2, 3, 2, 128);
     let cache = Layout::bshd(2, 64, 2, 128);
     let append = RawKvArgs {
-        dtype: DType::F32,
         q: Some(q),
         k: raw(2, new),
         v: raw(3, new),

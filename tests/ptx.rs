@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use rope_cuda_kernels::entries::axes::{CALLER_WIDTHS, DTYPES, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES};
+use rope_cuda_kernels::entries::axes::{CALLER_WIDTHS, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES};
 use rope_cuda_kernels::entries::EntryPoint;
 
 /// Every embedded architecture's PTX text, oldest first.
@@ -53,16 +53,16 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let scalar = |n: &str| n.ends_with("_s") || n.contains("_s_");
     let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
     // The counts are the products of the axes the list is generated from.
-    let per_width = STYLES.len() * DTYPES.len() * ROWS.len() * SOURCES.len();
+    let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
     assert_eq!(vector.len(), per_width * (ROPE_WIDTHS.len() - 1));
     assert_eq!(named("rope_").len(), per_width * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source; the caller's tables (GPT-J, one row) at
     // their widths in each element type; the claim.
-    assert_eq!(named("kv_").len(), per_width * KV_WIDTHS.len() + DTYPES.len() * CALLER_WIDTHS.len() + 1);
+    assert_eq!(named("kv_").len(), per_width * KV_WIDTHS.len() + TYPES.len() * CALLER_WIDTHS.len() + 1);
     // And the three benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(
         named("").len(),
-        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + DTYPES.len() * CALLER_WIDTHS.len() + 1 + 3
+        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + TYPES.len() * CALLER_WIDTHS.len() + 1 + 3
     );
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
@@ -121,7 +121,7 @@ fn computed_kernels_use_no_fp64() {
     let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
     assert_eq!(
         computed.len(),
-        STYLES.len() * DTYPES.len() * ROWS.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()),
+        STYLES.len() * TYPES.len() * ROWS.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {

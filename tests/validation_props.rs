@@ -111,7 +111,7 @@ fn tensor(base: u64, shape: [usize; 4]) -> impl Strategy<Value = RawTensor> {
             };
             let layout = Layout::strided(sh, strides, offset);
             let extent = layout.extent().unwrap_or(0) as i64;
-            RawTensor { ptr: base + shift * 8 * SIZE + misalign, len: (extent + slack).max(0) as usize, layout }
+            RawTensor::new(base + shift * 8 * SIZE + misalign, (extent + slack).max(0) as usize, DType::BF16, layout)
         })
 }
 
@@ -142,7 +142,6 @@ fn args(d: usize, bases: [u64; 4]) -> impl Strategy<Value = RawArgs> {
                 prop_oneof![19 => Just(false), 1 => Just(true)],
             )
                 .prop_map(|(q, k, in_place, q_out, k_out, (kind, len, misalign), odd)| RawArgs {
-                    dtype: DType::BF16,
                     q,
                     // Rarely, an output given for only one of q and k.
                     q_out: (!in_place).then_some(q_out),
@@ -205,10 +204,9 @@ fn strategies_cover_both_outcomes() {
 #[test]
 fn model_rejects_known_bad_arguments() {
     let config = RopeConfig::new(8, MAX_POS).dtype(DType::BF16);
-    let t = |ptr, len, layout| RawTensor { ptr, len, layout };
+    let t = |ptr, len, layout| RawTensor::new(ptr, len, DType::BF16, layout);
     let pos = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
     let good = RawArgs {
-        dtype: DType::BF16,
         q: t(1 << 20, 32, Layout::bshd(1, 2, 2, 8)),
         q_out: None,
         k: Some(t(2 << 20, 16, Layout::bshd(1, 2, 1, 8))),

@@ -260,13 +260,12 @@ impl KvUpdate {
         let new_layout = Layout::bshd(b, t, h, d);
         let cache_layout = Layout::bshd(b, s, h, d);
         let args = RawKvArgs {
-            dtype,
             q: None,
-            k: RawTensor { ptr: k_new.0, len: k_new.1, layout: new_layout },
-            v: RawTensor { ptr: v_new.0, len: v_new.1, layout: new_layout },
+            k: RawTensor::new(k_new.0, k_new.1, dtype, new_layout),
+            v: RawTensor::new(v_new.0, v_new.1, dtype, new_layout),
             cache: RawKvCache {
-                k: RawTensor { ptr: out.0, len: cache_elems, layout: cache_layout },
-                v: RawTensor { ptr: half_out, len: cache_elems, layout: cache_layout },
+                k: RawTensor::new(out.0, cache_elems, dtype, cache_layout),
+                v: RawTensor::new(half_out, cache_elems, dtype, cache_layout),
                 paged: false,
             },
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: positions.0, len: positions.1 },

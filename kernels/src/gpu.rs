@@ -8,6 +8,7 @@
 
 use core::arch::{asm, nvptx};
 
+use crate::keys::DType;
 use crate::math::Narrow;
 
 /// `threadIdx.x`, `threadIdx.y`.
@@ -47,6 +48,8 @@ pub trait Io {
     const SIZE: usize;
     /// The element type's [`Elem::NARROW`].
     const NARROW: Option<Narrow>;
+    /// The element type.
+    const DTYPE: DType;
     /// Loads the bits of `E` elements at `p` (widen them with [`Io::get`] where used, so a
     /// prefetched row costs 4 registers, not `E` f32).
     ///
@@ -189,6 +192,8 @@ unsafe fn st_b16(p: *mut u8, v: u16) {
 
 /// Element types: conversion between storage bits and f32.
 pub trait Elem {
+    /// The element type's key value.
+    const DTYPE: DType;
     /// Bytes per element.
     const SIZE: usize;
     /// For narrow formats, when the fast rotation must be redone exactly.
@@ -211,6 +216,7 @@ pub struct F16;
 pub struct Bf16;
 
 impl Elem for F32 {
+    const DTYPE: DType = DType::F32;
     const SIZE: usize = 4;
     const NARROW: Option<Narrow> = None;
     #[inline(always)]
@@ -224,6 +230,7 @@ impl Elem for F32 {
 }
 
 impl Elem for F16 {
+    const DTYPE: DType = DType::F16;
     const SIZE: usize = 2;
     const NARROW: Option<Narrow> = Some(Narrow::F16);
     #[inline(always)]
@@ -246,6 +253,7 @@ impl Elem for F16 {
 }
 
 impl Elem for Bf16 {
+    const DTYPE: DType = DType::BF16;
     const SIZE: usize = 2;
     const NARROW: Option<Narrow> = Some(Narrow::BF16);
     #[inline(always)]
@@ -282,6 +290,7 @@ pub struct Two<T>(core::marker::PhantomData<T>);
 
 impl<T: Elem> Io for Vec16<T> {
     const NARROW: Option<Narrow> = T::NARROW;
+    const DTYPE: DType = T::DTYPE;
     const E: usize = 16 / T::SIZE;
     const VECTOR: bool = true;
     const SIZE: usize = T::SIZE;
@@ -313,6 +322,7 @@ impl<T: Elem> Io for Vec16<T> {
 
 impl<T: Elem> Io for Vec8<T> {
     const NARROW: Option<Narrow> = T::NARROW;
+    const DTYPE: DType = T::DTYPE;
     const E: usize = 8 / T::SIZE;
     const VECTOR: bool = true;
     const SIZE: usize = T::SIZE;
@@ -384,6 +394,7 @@ unsafe fn st_elem<T: Elem>(p: *mut u8, b: u32) {
 
 impl<T: Elem> Io for One<T> {
     const NARROW: Option<Narrow> = T::NARROW;
+    const DTYPE: DType = T::DTYPE;
     const E: usize = 1;
     const VECTOR: bool = false;
     const SIZE: usize = T::SIZE;
@@ -411,6 +422,7 @@ impl<T: Elem> Io for One<T> {
 
 impl<T: Elem> Io for Two<T> {
     const NARROW: Option<Narrow> = T::NARROW;
+    const DTYPE: DType = T::DTYPE;
     const E: usize = 2;
     const VECTOR: bool = false;
     const SIZE: usize = T::SIZE;

@@ -10,10 +10,13 @@ pub enum RopeStyle {
     GptJ,
 }
 
-/// Element type of q, k, v and the caches. The arithmetic is f32 in every case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Element type of one operand (q, k, v, an output, a cache). The arithmetic is f32 in every
+/// case.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum DType {
     /// `f32`.
+    #[default]
     F32,
     /// IEEE binary16 (`half::f16`).
     F16,
@@ -28,6 +31,50 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
         }
+    }
+}
+
+/// The element type of each operand of a RoPE launch. An absent k takes q's types; in place,
+/// each output's type is its input's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RopeTypes {
+    /// The queries read.
+    pub q: DType,
+    /// The keys read.
+    pub k: DType,
+    /// The queries written.
+    pub q_out: DType,
+    /// The keys written.
+    pub k_out: DType,
+}
+
+impl RopeTypes {
+    /// Every operand of type `d`.
+    pub const fn uniform(d: DType) -> Self {
+        RopeTypes { q: d, k: d, q_out: d, k_out: d }
+    }
+}
+
+/// The element type of each operand of a fused RoPE + KV append. An absent q takes k's type;
+/// q is rotated in place, in its own type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KvTypes {
+    /// The queries.
+    pub q: DType,
+    /// The new keys.
+    pub k: DType,
+    /// The new values.
+    pub v: DType,
+    /// The key cache.
+    pub cache_k: DType,
+    /// The value cache.
+    pub cache_v: DType,
+}
+
+impl KvTypes {
+    /// Every operand of type `d`.
+    pub const fn uniform(d: DType) -> Self {
+        KvTypes { q: d, k: d, v: d, cache_k: d, cache_v: d }
     }
 }
 
@@ -68,14 +115,14 @@ pub enum TableSource {
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{dtype}_{width}[_m][_c]`), parameters
+/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c]`), parameters
 /// [`crate::params::RopeParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
     /// Pairing.
     pub style: RopeStyle,
-    /// Element type.
-    pub dtype: DType,
+    /// Element types of the operands.
+    pub types: RopeTypes,
     /// Access width and heads per thread.
     pub width: RopeWidth,
     /// Multimodal RoPE: three position streams per token (`_m`; widths `_s` and `_p` only).
@@ -84,14 +131,14 @@ pub struct RopeKey {
     pub source: TableSource,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{dtype}_{width}[_t|_m][_c]`), parameters
+/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c]`), parameters
 /// [`crate::params::KvParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
     /// Pairing.
     pub style: RopeStyle,
-    /// Element type.
-    pub dtype: DType,
+    /// Element types of the operands.
+    pub types: KvTypes,
     /// Access width, heads per thread and duplicate handling.
     pub width: KvWidth,
     /// The library's table, computed cos and sin, or the caller's tables.

@@ -207,8 +207,9 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
     Some((pos, n))
 }
 
-/// Fused RoPE + KV append for one lane of one head group of one token; `R` moves rotating
-/// lanes, `C` copying lanes, `B` reads the tables, `P` picks each pair's table row (one
+/// Fused RoPE + KV append for one lane of one head group of one token; `R` loads the rotating
+/// lanes of q, k and v's type and `W` stores them in the caches' type (q: in place, by `R`),
+/// `C` and `D` likewise for the copying lanes, `B` reads the tables, `P` picks each pair's table row (one
 /// position, or MRoPE's three streams), `G` heads per thread. With `SCAN` and
 /// [`Duplicates::Scan`], the block settles duplicates itself ([`block_scan`]); otherwise the
 /// owner array does (the host claims for the kernels without `SCAN`).
@@ -220,9 +221,20 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
 /// `R` and `C`, that the geometry was made with this `G`, that there is work, and, for the
 /// scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, const G: usize, const SCAN: bool>(
+pub(crate) unsafe fn kv_append<
+    S: Style,
+    R: Io,
+    W: Io,
+    C: Io,
+    D: Io,
+    B: Source,
+    P: PairRows,
+    const G: usize,
+    const SCAN: bool,
+>(
     p: &KvParams,
 ) {
+    const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let (qi, ki, vi) = (gq * p.rot_lanes, gk * p.k_lanes, gk * p.v_lanes);
     let items = qi + ki + vi;
@@ -390,7 +402,7 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         // q, in place.
         let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
         // SAFETY: q's rows are in its buffer, written by this item alone.
-        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p, row)) };
+        unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row)) };
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
@@ -398,15 +410,15 @@ pub(crate) unsafe fn kv_append<S: Style, R: Io, C: Io, B: Source, P: PairRows, c
         return;
     }
     let cache = if is_k { p.cache.k() } else { p.cache.v() };
-    let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * R::SIZE);
-    let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * R::SIZE, count };
+    let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * W::SIZE);
+    let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * W::SIZE, count };
     if rotating {
         // SAFETY: slot `n` is in the cache; this token alone writes it.
-        unsafe { S::apply::<R, B, P>(rows, first, lane, &entries, table(p, row)) };
+        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row)) };
     } else {
-        // k past rotary_dim, and v: copy the bits.
+        // k past rotary_dim, and v: copy (the bits, where the types agree).
         // SAFETY: as above.
-        unsafe { rows.copy::<C>(first_copy, copy_at) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at) };
     }
 }
 

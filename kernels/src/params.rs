@@ -6,6 +6,7 @@
 //! single parameter.
 
 pub use crate::div::{Divisor, FastDiv};
+use crate::keys::{KvTypes, RopeTypes};
 use crate::views::{CacheView, ErrorSink, HeadsView, OwnerView, PositionsView, TableView};
 
 /// Elements of one interleaved (GPT-J) lane for accesses of `e` elements (`vector`: one
@@ -206,6 +207,13 @@ pub struct KvParams {
 }
 
 impl KvParams {
+    /// The element types of the operands, as the views hold them (an absent q takes k's).
+    pub fn types(&self) -> KvTypes {
+        let q = if self.q.heads == 0 { self.k.in_type } else { self.q.in_type };
+        let (cache_k, cache_v) = self.cache.types();
+        KvTypes { q, k: self.k.in_type, v: self.v.in_type, cache_k, cache_v }
+    }
+
     /// Shared memory the scan of a scanning kernel needs with blocks of `block_threads`: each
     /// token's position and slot (8 bytes each), and a flag for each token of the block (at
     /// most `block_threads`).
@@ -231,6 +239,12 @@ impl KvParams {
 }
 
 impl RopeParams {
+    /// The element types of the operands, as the views hold them (an absent k takes q's).
+    pub fn types(&self) -> RopeTypes {
+        let k = if self.k.heads == 0 { &self.q } else { &self.k };
+        RopeTypes { q: self.q.in_type, k: k.in_type, q_out: self.q.out_type, k_out: k.out_type }
+    }
+
     /// The dynamic shared memory of a launch with blocks of `block_threads` taking `g` heads
     /// per thread: the block's cos and sin ([`block_rows_bytes`]), then the staged angle table
     /// ([`ANGLE_BYTES`], when staged).

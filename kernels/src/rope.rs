@@ -7,8 +7,9 @@ use crate::params::{block_rows_bytes, block_tokens, groups, work_item, RopeParam
 use crate::rotate::{BlockRows, PairRows, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 
-/// RoPE of one lane of a group of up to `G` heads of one token: `R` moves the rotating lanes,
-/// `C` the copying ones, `B` is where cos and sin come from (the library's table, or computed
+/// RoPE of one lane of a group of up to `G` heads of one token: `R` loads the rotating lanes
+/// and `W` stores them (q's and k's input and output types), `C` and `D` likewise for the
+/// copying lanes, `B` is where cos and sin come from (the library's table, or computed
 /// into the block's rows first), `P` says which table row each pair reads (one position, or
 /// MRoPE's three streams).
 ///
@@ -21,7 +22,10 @@ use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 /// [`Source::BLOCK_ROWS`], that the launch has [`RopeParams::shared_bytes`] of dynamic shared
 /// memory.
 #[inline(always)]
-pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const G: usize>(p: &RopeParams) {
+pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: PairRows, const G: usize>(
+    p: &RopeParams,
+) {
+    const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
     let lanes = p.rot_lanes + p.copy_lanes;
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     let items = (gq + gk) * lanes;
@@ -45,9 +49,9 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const 
     let (b, s, h0) = (b as u64, s as u64, h0 as u64);
     let rows = Rows {
         src: (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE),
-        dst: (view.output as *mut u8).wrapping_add(view.out_offset(b, s, h0) as usize * R::SIZE),
+        dst: (view.output as *mut u8).wrapping_add(view.out_offset(b, s, h0) as usize * W::SIZE),
         src_step: view.in_strides[2] as usize * R::SIZE,
-        dst_step: view.out_strides[2] as usize * R::SIZE,
+        dst_step: view.out_strides[2] as usize * W::SIZE,
         count: (heads - h0 as u32).min(G as u32) as usize,
     };
     // SAFETY: just computed; lets the compiler drop the head loop where G is 1.
@@ -115,11 +119,11 @@ pub(crate) unsafe fn rope<S: Style, R: Io, C: Io, B: Source, P: PairRows, const 
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, B, P>(rows, first, lane as usize, at, table)
+            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table)
         };
     } else {
         // Dims past rotary_dim, out of place: copy the bits.
         // SAFETY: as above; the output rows overlap nothing else.
-        unsafe { rows.copy::<C>(first_copy, copy_at) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at) };
     }
 }

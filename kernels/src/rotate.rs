@@ -584,9 +584,9 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
     }
 }
 
-/// Rotates the `n` pairs of a lane from `raw` (as loaded) into `out` (as stored); `pair(j)`
-/// says where pair `j`'s two elements are (as (vector, index)), in increasing index order per
-/// vector. Fast evaluation first; for narrow outputs, if any output of the lane is too small
+/// Rotates the `n` pairs of a lane from `raw` (as loaded by `R`) into `out` (as stored by
+/// `W`, of as many elements); `pair(j)` says where pair `j`'s two elements are (as (vector,
+/// index)), in increasing index order per vector. Fast evaluation first; for narrow outputs, if any output of the lane is too small
 /// next to its inputs for the fast form to round correctly, the inputs are read again
 /// (`reload`: the source is not yet written) with the residuals, and every pair of the lane
 /// is recomputed with [`rotate_pair`]. That happens for about one output in 10^4 on random
@@ -596,7 +596,7 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
 /// unwritten and readable).
 #[inline(always)]
-unsafe fn rotate_lane<R: Io, B: Source, P: PairRows>(
+unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     t: &Entries<P>,
     p: Table<'_>,
     n: usize,
@@ -614,17 +614,17 @@ unsafe fn rotate_lane<R: Io, B: Source, P: PairRows>(
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
         let (y0, y1) = rotate_pair_fast(a, b, c[j], s[j]);
-        if let Some(narrow) = R::NARROW {
+        if let Some(narrow) = W::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
             slack = slack.min(sl);
             if narrow.min_normal > 0.0 {
                 smallest = smallest.min(sm);
             }
         }
-        R::put(&mut out[l0], &mut pending[l0], i0, y0);
-        R::put(&mut out[l1], &mut pending[l1], i1, y1);
+        W::put(&mut out[l0], &mut pending[l0], i0, y0);
+        W::put(&mut out[l1], &mut pending[l1], i1, y1);
     });
-    if R::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) {
+    if W::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) {
         let orig = reload();
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
@@ -632,8 +632,8 @@ unsafe fn rotate_lane<R: Io, B: Source, P: PairRows>(
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
             let (c, s) = unsafe { t.exact::<B>(p, j) };
             let (y0, y1) = rotate_pair(a, b, c, s);
-            R::put(&mut out[l0], &mut pending[l0], i0, y0);
-            R::put(&mut out[l1], &mut pending[l1], i1, y1);
+            W::put(&mut out[l0], &mut pending[l0], i0, y0);
+            W::put(&mut out[l1], &mut pending[l1], i1, y1);
         });
     }
 }
@@ -662,22 +662,38 @@ impl Rows {
         self.dst.wrapping_add(h * self.dst_step + byte)
     }
 
-    /// Copies the bits at byte `at` of every head, given head 0's (`first`, loaded early);
-    /// the next head's load goes ahead of each store.
+    /// Copies the elements at byte `at` of every head's source (loaded by `C`; stored by `D`
+    /// at the same element of the destination: the bits where both are of one type, else each
+    /// value rounded to `D`'s type), given head 0's (`first`, loaded early); the next head's
+    /// load goes ahead of each store.
     ///
     /// # Safety
     /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination.
     #[inline(always)]
-    pub unsafe fn copy<C: Io>(&self, first: Bits, at: usize) {
+    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize) {
+        const { assert!(C::E == D::E) };
+        let to = if C::SIZE == D::SIZE { at } else { at / C::SIZE * D::SIZE };
         let mut cur = first;
         for h in 0..self.count {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
             // SAFETY: as above.
-            unsafe { C::store_raw(self.dst(h, at), cur) };
+            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur)) };
             cur = next;
         }
     }
+}
+
+/// Elements loaded by `C` as `D` stores them: the same bits where the types agree, else each
+/// value rounded to `D`'s type.
+#[inline(always)]
+fn convert<C: Io, D: Io>(raw: Bits) -> Bits {
+    if C::DTYPE as u8 == D::DTYPE as u8 {
+        return raw;
+    }
+    let (mut out, mut pending) = ([0u32; 4], 0.0f32);
+    unrolled(C::E, |i| D::put(&mut out, &mut pending, i, C::get(&raw, i)));
+    out
 }
 
 /// Which elements form the pairs.
@@ -697,13 +713,13 @@ pub(crate) trait Style {
     /// # Safety
     /// The trait's contract.
     unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P>;
-    /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data.
-    /// The next head's loads are issued before the current head's stores, so two heads' loads
-    /// are in flight.
+    /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data
+    /// (loaded by `R`; stored by `W`, of as many elements). The next head's loads are issued
+    /// before the current head's stores, so two heads' loads are in flight.
     ///
     /// # Safety
     /// The trait's contract; `t` came from [`Style::entries`] for this lane and `p`.
-    unsafe fn apply<R: Io, B: Source, P: PairRows>(
+    unsafe fn apply<R: Io, W: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
@@ -715,11 +731,17 @@ pub(crate) trait Style {
     /// # Safety
     /// The trait's contract.
     #[inline(always)]
-    unsafe fn rotate<R: Io, B: Source, P: PairRows>(rows: Rows, first: [Bits; 2], lane: usize, at: P, p: Table<'_>) {
+    unsafe fn rotate<R: Io, W: Io, B: Source, P: PairRows>(
+        rows: Rows,
+        first: [Bits; 2],
+        lane: usize,
+        at: P,
+        p: Table<'_>,
+    ) {
         // SAFETY: the caller's contract.
         unsafe {
             let t = Self::entries::<R, B, P>(lane, at, p);
-            Self::apply::<R, B, P>(rows, first, lane, &t, p)
+            Self::apply::<R, W, B, P>(rows, first, lane, &t, p)
         }
     }
 }
@@ -753,16 +775,17 @@ impl Style for NeoX {
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: Source, P: PairRows>(
+    unsafe fn apply<R: Io, W: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
         t: &Entries<P>,
         p: Table<'_>,
     ) {
+        const { assert!(R::E == W::E) };
         let half = p.view.half() as usize;
         let i = lane * R::E;
-        let (lo, hi) = (i * R::SIZE, (i + half) * R::SIZE);
+        let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
         let mut cur = first;
         for h in 0..rows.count {
             // SAFETY: the trait's contract, for heads `h` and
@@ -772,11 +795,11 @@ impl Style for NeoX {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, B, P>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload) };
+            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload) };
             // SAFETY: as above.
             unsafe {
-                R::store_raw(rows.dst(h, lo), y[0]);
-                R::store_raw(rows.dst(h, hi), y[1]);
+                W::store_raw(rows.dst(h, lo), y[0]);
+                W::store_raw(rows.dst(h, hi), y[1]);
             }
             cur = next;
         }
@@ -802,15 +825,16 @@ impl Style for GptJ {
     }
 
     #[inline(always)]
-    unsafe fn apply<R: Io, B: Source, P: PairRows>(
+    unsafe fn apply<R: Io, W: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
         t: &Entries<P>,
         p: Table<'_>,
     ) {
+        const { assert!(R::E == W::E) };
         let (width, per) = (gptj_width::<R>(), R::E / 2);
-        let at = lane * width * R::SIZE;
+        let at = lane * width * W::SIZE;
         // Pair `j` of the lane: in the first vector, or (two vectors) the second.
         let pair = |j: usize| {
             let (v, k) = if width > R::E && j >= per { (1, j - per) } else { (0, j) };
@@ -825,12 +849,12 @@ impl Style for GptJ {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, 0) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, B, P>(t, p, width / 2, &cur, &mut y, pair, reload) };
+            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, &cur, &mut y, pair, reload) };
             // SAFETY: as above.
             unsafe {
-                R::store_raw(rows.dst(h, at), y[0]);
+                W::store_raw(rows.dst(h, at), y[0]);
                 if width > R::E {
-                    R::store_raw(rows.dst(h, at + R::E * R::SIZE), y[1]);
+                    W::store_raw(rows.dst(h, at + R::E * W::SIZE), y[1]);
                 }
             }
             cur = next;

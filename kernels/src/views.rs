@@ -8,6 +8,7 @@
 //! atomics), so the meaning of every field is tested where it is defined.
 
 use crate::div::FastDiv;
+use crate::keys::DType;
 use crate::mem::{atomic_add_u64, atomic_max_u64, atomic_min_u64, load_i32, load_i64};
 
 /// One tensor of rows, viewed as `[batch, seq, heads, head_dim]`.
@@ -28,8 +29,12 @@ pub struct HeadsView {
     pub out_strides: [u64; 3],
     /// Number of heads; 0 means the tensor is absent.
     pub heads: u32,
+    /// The input's element type.
+    pub in_type: DType,
+    /// The output's element type (the input's where there is no output).
+    pub out_type: DType,
     /// Keeps the layout free of implicit padding.
-    pub _pad: u32,
+    pub _pad: u16,
 }
 
 impl HeadsView {
@@ -563,6 +568,8 @@ pub struct CacheView {
     block_size: u32,
     kind: CacheKind,
     block_div: FastDiv,
+    types: [DType; 2],
+    _pad: [u8; 6],
 }
 
 impl CacheView {
@@ -586,7 +593,30 @@ impl CacheView {
 
     const fn new(k: u64, v: u64, strides: [u64; 3], mapping: u64, kind: CacheKind, blocks: u32, size: u32) -> Self {
         let num_slots = blocks as u64 * size as u64;
-        CacheView { k, v, strides, mapping, num_slots, block_size: size, kind, block_div: FastDiv::new(size) }
+        let block_div = FastDiv::new(size);
+        CacheView {
+            k,
+            v,
+            strides,
+            mapping,
+            num_slots,
+            block_size: size,
+            kind,
+            block_div,
+            types: [DType::F32; 2],
+            _pad: [0; 6],
+        }
+    }
+
+    /// The same caches, the key cache's elements of type `k` and the value cache's of `v`.
+    pub const fn with_types(mut self, k: DType, v: DType) -> Self {
+        self.types = [k, v];
+        self
+    }
+
+    /// The element types of the key and value caches.
+    pub fn types(&self) -> (DType, DType) {
+        (self.types[0], self.types[1])
     }
 
     /// The element address of the key cache's row `(0, 0, 0)`.
