@@ -7,12 +7,12 @@ use std::time::Instant;
 use cust::event::{Event, EventFlags};
 use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::stream::Stream;
-use cust::sys as cuda;
 
 use rope_cuda_kernels::keys::{BenchEmpty, BenchSpin, BenchTouch};
 use rope_cuda_kernels::params::Touch;
 
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 
 /// Summary of repeated timings of one operation, in microseconds of device time.
@@ -192,9 +192,9 @@ pub fn copy_d2d<T: cust::memory::DeviceCopy>(
     assert_eq!(src.len(), dst.len(), "copy_d2d: lengths differ");
     let bytes = src.len() * std::mem::size_of::<T>();
     // SAFETY: both ranges are live device allocations of `bytes` bytes.
-    driver("cuMemcpyDtoDAsync", unsafe {
-        cuda::cuMemcpyDtoDAsync_v2(dst.as_device_ptr().as_raw(), src.as_device_ptr().as_raw(), bytes, stream.as_inner())
-    })
+    unsafe {
+        driver::memcpy_dtod_async(dst.as_device_ptr().as_raw(), src.as_device_ptr().as_raw(), bytes, stream.as_inner())
+    }
 }
 
 #[cfg(test)]

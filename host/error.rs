@@ -363,13 +363,5 @@ pub enum Error {
     },
 }
 
-/// Maps a raw `CUresult` of driver function `call` to `Ok` or [`Error::Driver`].
-pub(crate) fn driver(call: &'static str, result: cust::sys::CUresult) -> Result<()> {
-    match result {
-        cust::sys::CUresult::CUDA_SUCCESS => Ok(()),
-        other => Err(Error::Driver { call, code: other as u32 }),
-    }
-}
-
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -30,7 +30,8 @@ use std::ffi::c_void;
 use cust::stream::Stream;
 use cust::sys as cuda;
 
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 
 /// A graph being recorded on this thread ([`Graph::record`]).
 struct Recording {
@@ -58,23 +59,15 @@ pub(crate) fn not_while_recording(what: &'static str) -> Result<()> {
     }
 }
 
-/// Adds a node made by `add(node, graph, dependencies, count, context)` after the last one,
-/// if this thread is recording: `None` when it is not.
+/// Adds a node made by `add(graph, dependencies, context)` after the last one, if this
+/// thread is recording: `None` when it is not.
 fn add_node(
-    call: &'static str,
-    add: impl FnOnce(
-        &mut cuda::CUgraphNode,
-        cuda::CUgraph,
-        *const cuda::CUgraphNode,
-        usize,
-        cuda::CUcontext,
-    ) -> cuda::CUresult,
+    add: impl FnOnce(cuda::CUgraph, &[cuda::CUgraphNode], cuda::CUcontext) -> Result<cuda::CUgraphNode>,
 ) -> Option<Result<()>> {
     RECORDING.with_borrow_mut(|r| {
         let r = r.as_mut()?;
-        let (deps, count) = if r.last.is_null() { (std::ptr::null(), 0) } else { (&raw const r.last, 1) };
-        let mut node = std::ptr::null_mut();
-        Some(driver(call, add(&mut node, r.graph, deps, count, r.context)).map(|()| r.last = node))
+        let deps = if r.last.is_null() { &[][..] } else { std::slice::from_ref(&r.last) };
+        Some(add(r.graph, deps, r.context).map(|node| r.last = node))
     })
 }
 
@@ -101,10 +94,9 @@ pub(crate) fn record_kernel(
         kernelParams: args,
         extra: std::ptr::null_mut(),
     };
-    // SAFETY: `params` names a loaded function and its parameters, which the driver copies.
-    add_node("cuGraphAddKernelNode", |node, graph, deps, count, _| unsafe {
-        cuda::cuGraphAddKernelNode(node, graph, deps, count, &params)
-    })
+    // SAFETY: `graph` and `deps` are the recording's; `params` names a loaded function and its
+    // parameters, which the driver copies, and the launcher's caller vouches for their addresses.
+    add_node(|graph, deps, _| unsafe { driver::graph_add_kernel_node(graph, deps, &params) })
 }
 
 /// Records a device-to-device copy of `bytes` bytes if this thread is recording.
@@ -140,10 +132,9 @@ pub(crate) fn record_copy(dst: cuda::CUdeviceptr, src: cuda::CUdeviceptr, bytes:
         Height: 1,
         Depth: 1,
     };
-    // SAFETY: both ranges are the caller's live device memory of `bytes` bytes.
-    add_node("cuGraphAddMemcpyNode", |node, graph, deps, count, context| unsafe {
-        cuda::cuGraphAddMemcpyNode(node, graph, deps, count, &copy, context)
-    })
+    // SAFETY: `graph`, `deps` and `context` are the recording's; both ranges are the caller's
+    // live device memory of `bytes` bytes.
+    add_node(|graph, deps, context| unsafe { driver::graph_add_memcpy_node(graph, deps, &copy, context) })
 }
 
 /// A captured, instantiated CUDA graph.
@@ -215,11 +206,10 @@ impl Graph {
         let raw = stream.as_inner();
         let mode = cuda::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: `raw` is a live stream; capture ends below on every path.
-        driver("cuStreamBeginCapture", unsafe { cuda::cuStreamBeginCapture_v2(raw, mode) })?;
+        unsafe { driver::stream_begin_capture(raw, mode) }?;
         let queued = queue();
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above, writing the graph (null if it was invalidated).
-        let ended = driver("cuStreamEndCapture", unsafe { cuda::cuStreamEndCapture(raw, &mut graph) });
+        // SAFETY: ends the capture begun above, on this thread.
+        let (graph, ended) = unsafe { driver::stream_end_capture(raw) };
         Graph::instantiate(graph, queued.and(ended))
     }
 
@@ -253,14 +243,11 @@ impl Graph {
         if RECORDING.with_borrow(Option::is_some) {
             return Err(Error::NotCapturable("Graph::record inside Graph::record"));
         }
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: writes a new, empty graph.
-        driver("cuGraphCreate", unsafe { cuda::cuGraphCreate(&mut graph, 0) })?;
-        let mut context = std::ptr::null_mut();
-        // SAFETY: writes the calling thread's current context.
-        if let Err(e) = driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) }) {
-            return Graph::instantiate(graph, Err(e));
-        }
+        let graph = driver::graph_create()?;
+        let context = match driver::ctx_get_current() {
+            Ok(context) => context,
+            Err(e) => return Graph::instantiate(graph, Err(e)),
+        };
         /// Ends the recording however `queue` returns (a panic included).
         struct Stop;
         impl Drop for Stop {
@@ -280,22 +267,22 @@ impl Graph {
     fn instantiate(graph: cuda::CUgraph, made: Result<()>) -> Result<Graph> {
         let destroy = |graph: cuda::CUgraph| {
             if !graph.is_null() {
-                // SAFETY: `graph` came from the capture and is not used again.
-                unsafe { cuda::cuGraphDestroy(graph) };
+                // SAFETY: `graph` came from the capture or recording and is not used again.
+                let _ = unsafe { driver::graph_destroy(graph) };
             }
         };
         if let Err(e) = made {
             destroy(graph);
             return Err(e);
         }
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: `graph` is a valid graph; `exec` receives the instance.
-        if let Err(e) = driver("cuGraphInstantiate", unsafe { cuda::cuGraphInstantiateWithFlags(&mut exec, graph, 0) })
-        {
-            destroy(graph);
-            return Err(e);
+        // SAFETY: `graph` is a valid graph.
+        match unsafe { driver::graph_instantiate_with_flags(graph, 0) } {
+            Ok(exec) => Ok(Graph { graph, exec }),
+            Err(e) => {
+                destroy(graph);
+                Err(e)
+            }
         }
-        Ok(Graph { graph, exec })
     }
 
     /// Queues one replay on `stream`.
@@ -317,7 +304,7 @@ impl Graph {
     /// written all the same, and so would whatever now occupies its memory.
     pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
         // SAFETY: `exec` lives as long as `self`; the caller keeps the buffers it names alive.
-        driver("cuGraphLaunch", unsafe { cuda::cuGraphLaunch(self.exec, stream.as_inner()) })
+        unsafe { driver::graph_launch(self.exec, stream.as_inner()) }
     }
 }
 
@@ -326,8 +313,8 @@ impl Drop for Graph {
         // SAFETY: both handles came from `capture` and are destroyed once. Replays already
         // queued complete first (the driver defers the release).
         unsafe {
-            cuda::cuGraphExecDestroy(self.exec);
-            cuda::cuGraphDestroy(self.graph);
+            let _ = driver::graph_exec_destroy(self.exec);
+            let _ = driver::graph_destroy(self.graph);
         }
     }
 }

@@ -9,7 +9,8 @@ use cust::module::Module;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::{EntryPoint, Key};
 
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 
 /// One architecture's embedded PTX: its modules (the prologue, then one per entry point),
 /// each deflated, as byte ranges of `blob`.
@@ -182,27 +183,18 @@ impl Kernels {
     }
 
     fn load_with(requested: Option<&str>) -> Result<Arc<Self>> {
-        let mut context = std::ptr::null_mut();
-        // SAFETY: writes the current context handle into `context`.
-        driver("cuCtxGetCurrent", unsafe { cuda::cuCtxGetCurrent(&mut context) })?;
+        let context = driver::ctx_get_current()?;
         if context.is_null() {
             return Err(Error::Driver {
                 call: "cuCtxGetCurrent",
                 code: cuda::CUresult::CUDA_ERROR_INVALID_CONTEXT as u32,
             });
         }
-        let (mut device, mut devices) = (0, 0);
-        // SAFETY: each call writes one integer; a context is current.
-        driver("cuCtxGetDevice", unsafe { cuda::cuCtxGetDevice(&mut device) })?;
-        // SAFETY: as above.
-        driver("cuDeviceGetCount", unsafe { cuda::cuDeviceGetCount(&mut devices) })?;
-        let (mut major, mut minor) = (0, 0);
-        let attribute = |value: &mut i32, which| {
-            // SAFETY: writes one integer; `device` is the current context's device.
-            driver("cuDeviceGetAttribute", unsafe { cuda::cuDeviceGetAttribute(value, which, device) })
-        };
-        attribute(&mut major, cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        attribute(&mut minor, cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let device = driver::ctx_get_device()?;
+        let devices = driver::device_get_count()?;
+        let attribute = |which| driver::device_get_attribute(which, device);
+        let major = attribute(cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(cuda::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let ptx = pick((major * 10 + minor) as u32, requested)?;
         let entries = std::array::from_fn(|_| OnceLock::new());
         Ok(Arc::new(Kernels { entries, loading: Mutex::new(Duration::ZERO), ptx, context, device, devices }))
@@ -253,16 +245,14 @@ impl Kernels {
         let ptx = self.ptx.module(name).ok_or(Error::KernelLoad { name, source: cust::error::CudaError::NotFound })?;
         let start = Instant::now();
         // SAFETY: makes this module's context current on this thread for the load; popped below.
-        driver("cuCtxPushCurrent", unsafe { cuda::cuCtxPushCurrent_v2(self.context) })?;
+        unsafe { driver::ctx_push_current(self.context) }?;
         let load = || -> Result<Loaded> {
             let module = Module::from_ptx(&ptx, &[]).map_err(|source| Error::KernelLoad { name, source })?;
             let function = module.get_function(name).map_err(|source| Error::KernelLoad { name, source })?.to_raw();
             Ok(Loaded { function, _module: module })
         };
         let loaded = load();
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above.
-        driver("cuCtxPopCurrent", unsafe { cuda::cuCtxPopCurrent_v2(&mut popped) })?;
+        driver::ctx_pop_current()?;
         *spent += start.elapsed();
         let loaded = loaded?;
         let function = loaded.function;
@@ -289,22 +279,10 @@ impl Kernels {
             return Ok(());
         }
         for &(what, ptr) in addresses.iter().filter(|a| a.1 != 0) {
-            let mut ordinal: i32 = -1;
-            // SAFETY: writes one int; the driver checks the address itself.
-            let r = unsafe {
-                cuda::cuPointerGetAttribute(
-                    (&raw mut ordinal).cast(),
-                    cuda::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                    ptr,
-                )
-            };
-            // An address the driver does not know (CUDA_ERROR_INVALID_VALUE) has no device to
-            // compare: it passes, as every address does where one device is visible (the raw
-            // entry points' callers vouch for their addresses).
-            if r == cuda::cudaError_enum::CUDA_ERROR_INVALID_VALUE {
-                continue;
-            }
-            driver("cuPointerGetAttribute", r)?;
+            // An address the driver does not know has no device to compare: it passes, as every
+            // address does where one device is visible (the raw entry points' callers vouch for
+            // their addresses).
+            let Some(ordinal) = driver::pointer_get_device_ordinal(ptr)? else { continue };
             if ordinal != self.device {
                 return Err(Error::Device { what, expected: self.device, got: ordinal });
             }
@@ -337,21 +315,7 @@ impl Kernels {
         }
         // SAFETY: `function` is a loaded entry point whose one parameter is `K::Params` (both
         // from the key's line of the kernel list); the caller vouches for its addresses.
-        driver("cuLaunchKernel", unsafe {
-            cuda::cuLaunchKernel(
-                function,
-                grid.0,
-                grid.1,
-                1,
-                block.0,
-                block.1,
-                1,
-                shared_bytes,
-                stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        unsafe { driver::launch_kernel(function, grid, block, shared_bytes, stream, args.as_mut_ptr()) }
     }
 }
 

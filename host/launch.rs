@@ -12,7 +12,8 @@ use rope_cuda_kernels::keys::{RopeStyle, TableSource};
 use rope_cuda_kernels::params::gptj_lane;
 use rope_cuda_kernels::views::{HeadsView, PositionKind, PositionsView, TableView};
 
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::layout::{disjoint, Layout};
 use crate::records::Records;
@@ -253,7 +254,7 @@ impl Core {
         unsafe { self.kernels.launch(key, geometry, shared_bytes, params, stream) }?;
         if let Some(max_position) = checked {
             // SAFETY: `stream` is a live stream of the kernels' context.
-            driver("cuStreamSynchronize", unsafe { cuda::cuStreamSynchronize(stream) })?;
+            unsafe { driver::stream_synchronize(stream) }?;
             self.records.take(max_position)?;
         }
         Ok(())
@@ -268,7 +269,7 @@ impl Core {
     pub fn check_errors_raw(&self, stream: cuda::CUstream, max_position: usize) -> Result<()> {
         crate::graph::not_while_recording("check_errors")?;
         // SAFETY: the callers pass a live stream of the kernels' context.
-        driver("cuStreamSynchronize", unsafe { cuda::cuStreamSynchronize(stream) })?;
+        unsafe { driver::stream_synchronize(stream) }?;
         self.records.take(max_position)
     }
 }

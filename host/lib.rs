@@ -81,6 +81,7 @@ pub mod seed;
 
 mod alloc;
 mod config;
+mod driver;
 mod error;
 mod graph;
 mod hf_config;

@@ -12,7 +12,8 @@ use rope_cuda_kernels::params::KvParams;
 use rope_cuda_kernels::views::{ErrorRecords, ErrorSink, OwnerView};
 
 use crate::alloc::DeviceAlloc;
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 
 /// The error records and the owner array of one operation object.
@@ -60,9 +61,7 @@ impl Records {
         }
         let clear = ErrorRecords::CLEAR.to_words();
         // SAFETY: the allocation holds the records' words; the copy is synchronous.
-        driver("cuMemcpyHtoD", unsafe {
-            cuda::cuMemcpyHtoD_v2(self.errors.address(), clear.as_ptr().cast(), std::mem::size_of_val(&clear))
-        })?;
+        unsafe { driver::memcpy_htod(self.errors.address(), &clear) }?;
         report(records, max_position, self.num_slots.load(Relaxed))
     }
 }
@@ -102,9 +101,8 @@ impl Owners {
     pub unsafe fn claim(&mut self, kernels: &Kernels, p: &mut KvParams, stream: cuda::CUstream) -> Result<()> {
         // A graph would replay this call's epoch: the claims of one replay would then compete
         // with the last replay's for the same slots.
-        let mut capturing = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `stream` is a live stream (the caller's contract); writes one status.
-        driver("cuStreamIsCapturing", unsafe { cuda::cuStreamIsCapturing(stream, &mut capturing) })?;
+        // SAFETY: `stream` is a live stream (the caller's contract).
+        let capturing = unsafe { driver::stream_is_capturing(stream) }?;
         if crate::graph::recording() || capturing != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Err(Error::NotCapturable("a KV append or update of more than KV_SCAN_MAX_TOKENS tokens"));
         }

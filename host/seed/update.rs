@@ -12,7 +12,8 @@ use rope_cuda_kernels::keys::TableSource;
 use rope_cuda_kernels::views::TableView;
 
 use crate::config::{DType, RopeStyle};
-use crate::error::{driver, Error, Result};
+use crate::driver;
+use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache};
 use crate::launch::Core;
@@ -292,8 +293,7 @@ impl KvUpdate {
                 None => {
                     // SAFETY: the lengths were checked above: both caches hold `cache_elems`
                     // elements and `out` twice that, and `out` overlaps no input.
-                    let r = unsafe { cuda::cuMemcpyDtoDAsync_v2(dst, src, bytes, raw_stream) };
-                    driver("cuMemcpyDtoDAsync", r)?
+                    unsafe { driver::memcpy_dtod_async(dst, src, bytes, raw_stream) }?
                 }
             }
         }
