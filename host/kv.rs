@@ -9,14 +9,14 @@ use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
 use rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS;
-use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, TableView};
+use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, SourceView};
 
 use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{
     check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
-    positions, vector_fits, Core,
+    pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
 use crate::rope::Rope;
@@ -260,7 +260,7 @@ impl KvPlan {
             // SAFETY: `plan_kv` checked the positions' and slots' lengths.
             unsafe { owners.claim(&core.kernels, &mut p, stream) }?;
         }
-        let shared = p.shared_bytes(self.geometry.block.0, !self.claim, self.key.tables == TableSource::Computed);
+        let shared = p.shared(self.geometry.block.0, !self.claim, p.source.computed()).bytes;
         // SAFETY: `plan_kv` checked every view and both caches against their buffers,
         // overlaps, alignment for the width, and the positions' and slots' lengths; the
         // tables, records and owner array belong to the caller; scanning kernels get their
@@ -269,9 +269,15 @@ impl KvPlan {
     }
 }
 
-/// Checks `args` against `spec` and works out the launch with `table` and `errors`; `None`
-/// when there is no work.
-pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors: ErrorSink) -> Result<Option<KvPlan>> {
+/// Checks `args` against `spec` and works out the launch with cos and sin from `source` (of
+/// `spec.tables`) and `errors`; `None` when there is no work.
+pub(crate) fn plan_kv(
+    spec: &KvSpec,
+    args: &RawKvArgs,
+    source: SourceView,
+    errors: ErrorSink,
+) -> Result<Option<KvPlan>> {
+    debug_assert_eq!(source.source(), spec.tables);
     // The inputs are of the configuration's type; the caches of one a kernel writes from it
     // (checked with the key, below).
     for t in [args.q.as_ref(), Some(&args.k), Some(&args.v)].into_iter().flatten() {
@@ -354,10 +360,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         spec.max_position.min(block_size)
     };
     let positions = positions(&args.positions, batch, seq, limit, spec.mrope.is_some())?;
-    let table = match &spec.mrope {
-        Some(m) => table.with_mrope(m.bands()),
-        None => table,
-    };
+    let pairs = pairs(rot, spec.mrope.map(|m| m.bands()));
     let q_heads = args.q.map_or(0, |q| q.layout.shape[2]);
     check_u32(&[
         ("batch * seq", tokens),
@@ -405,8 +408,9 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         cache: cache_view.with_types(cache.k.dtype, cache.v.dtype),
         owners: OwnerView::SCAN,
         // The scanning kernels (few tokens) copy the angle table into shared memory while
-        // the positions load (see `TableView::with_staged`).
-        table: if spec.tables == TableSource::Computed { table.with_staged(!claim) } else { table },
+        // the positions load (see `ComputedView::with_staged`).
+        pairs,
+        source: staged(source, !claim),
         positions,
         errors,
         tokens: tokens as u32,
@@ -420,7 +424,7 @@ pub(crate) fn plan_kv(spec: &KvSpec, args: &RawKvArgs, table: TableView, errors:
         lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
     };
     let key =
-        KvKey { style: spec.style, types: params.types(), width, tables: spec.tables, mrope: spec.mrope.is_some() };
+        KvKey { style: spec.style, types: params.types(), width, tables: source.source(), mrope: spec.mrope.is_some() };
     if key.entry_point().is_none() {
         // Only the caches' types can be without a kernel: the inputs' are the configuration's.
         let got = [cache.k.dtype, cache.v.dtype].into_iter().find(|&d| d != spec.dtype).unwrap_or(spec.dtype);

@@ -10,7 +10,9 @@ use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeStyle, TableSource};
 use rope_cuda_kernels::params::gptj_lane;
-use rope_cuda_kernels::views::{HeadsView, PositionKind, PositionsView, TableView};
+use rope_cuda_kernels::views::{
+    CallerView, ComputedView, HeadsView, MropeBands, Pairs, PositionKind, PositionsView, SourceView, TableView,
+};
 
 use crate::driver;
 use crate::error::{Error, Result};
@@ -166,12 +168,30 @@ pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize)
     }
 }
 
-/// A table view without addresses, for planning a launch without a GPU (`validate`, tests):
-/// of the library's table, or of computed cos and sin.
-pub(crate) fn detached_table(rotary_dim: usize, source: TableSource) -> TableView {
+/// A source view without addresses, for planning a launch without a GPU (`validate`, tests).
+pub(crate) fn detached_table(rotary_dim: usize, source: TableSource) -> SourceView {
     match source {
-        TableSource::Computed => TableView::computed(0, 0, (rotary_dim / 2) as u32, 1.0),
-        _ => TableView::new([0; 4], (rotary_dim / 2) as u32),
+        TableSource::Table => SourceView::Table(TableView::new([0; 4])),
+        TableSource::Computed => SourceView::Computed(ComputedView::new(0, 0, (rotary_dim / 2) as u32, 1.0)),
+        TableSource::Caller => SourceView::Caller(CallerView::new(0, 0)),
+    }
+}
+
+/// The pairs of a rotation of `rotary_dim` dims, split among MRoPE's streams by `bands`.
+pub(crate) fn pairs(rotary_dim: usize, bands: Option<MropeBands>) -> Pairs {
+    let pairs = Pairs::new((rotary_dim / 2) as u32);
+    match bands {
+        Some(b) => pairs.with_mrope(b),
+        None => pairs,
+    }
+}
+
+/// `source`, its angle table staged in shared memory where it is computed and `on`
+/// ([`ComputedView::with_staged`]).
+pub(crate) fn staged(source: SourceView, on: bool) -> SourceView {
+    match source {
+        SourceView::Computed(c) => SourceView::Computed(c.with_staged(on)),
+        other => other,
     }
 }
 

@@ -8,14 +8,14 @@ use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
 use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
 use rope_cuda_kernels::tuning::ROPE_FEW_THREADS as FEW_THREADS;
-use rope_cuda_kernels::views::{ErrorSink, TableView};
+use rope_cuda_kernels::views::{ErrorSink, SourceView};
 
 use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::launch::{
     check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
-    positions, vector_fits, Core,
+    pairs, positions, staged, vector_fits, Core,
 };
 use crate::table::RopeTable;
 use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
@@ -293,7 +293,7 @@ pub(crate) struct Plan {
     pub key: RopeKey,
     pub params: RopeParams,
     pub geometry: Geometry,
-    /// Dynamic shared memory: the block's cos and sin ([`RopeParams::shared_bytes`]).
+    /// Dynamic shared memory: the block's cos and sin ([`RopeParams::shared`]).
     pub shared: u32,
 }
 
@@ -305,9 +305,9 @@ struct Operand {
     out_name: &'static str,
 }
 
-/// Checks `args` against `config` and works out the launch with `table` and `errors`; `None`
-/// when there is no work.
-pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors: ErrorSink) -> Result<Option<Plan>> {
+/// Checks `args` against `config` and works out the launch with cos and sin from `source` and
+/// `errors`; `None` when there is no work.
+pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, errors: ErrorSink) -> Result<Option<Plan>> {
     // The inputs are of the configuration's type; the outputs of one a kernel writes from it
     // (checked with the key, below).
     for t in [Some(&args.q), args.k.as_ref()].into_iter().flatten() {
@@ -362,10 +362,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     let (batch, seq) = (qs[0], qs[1]);
     let tokens = batch.saturating_mul(seq);
     let positions = positions(&args.positions, batch, seq, config.max_position, config.mrope.is_some())?;
-    let table = match &config.mrope {
-        Some(m) => table.with_mrope(m.bands()),
-        None => table,
-    };
+    let pairs = pairs(config.rotary_dim, config.mrope.map(|m| m.bands()));
     check_u32(&[
         ("batch * seq", tokens),
         ("q heads", qs[2]),
@@ -380,7 +377,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     let params = RopeParams {
         q: view(&q),
         k: k.as_ref().map(view).unwrap_or_default(),
-        table,
+        pairs,
+        source,
         positions,
         errors,
         tokens: tokens as u32,
@@ -393,8 +391,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
         },
         chunk: 0,
     };
-    let source = config.source();
-    let computed = source == TableSource::Computed;
+    let computed = source.source() == TableSource::Computed;
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size, computed);
     // In place with several heads per thread, heads whose rows share 128-byte lines run far
     // slower (the H200, Phi-3's head_dim 96 in bf16: 20.7% of copy bandwidth against 75% with
@@ -416,10 +413,10 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     };
     let g = if width == RopeWidth::Single { 1 } else { g };
     // Few tokens: the block copies the angle table into shared memory while the positions
-    // load (the one-head kernels only; see `TableView::with_staged`).
-    let params =
-        RopeParams { table: if computed { params.table.with_staged(few && g == 1) } else { params.table }, ..params };
-    let key = RopeKey { style: config.style, types: params.types(), width, mrope: config.mrope.is_some(), source };
+    // load (the one-head kernels only; see `ComputedView::with_staged`).
+    let params = RopeParams { source: staged(source, few && g == 1), ..params };
+    let mrope = config.mrope.is_some();
+    let key = RopeKey { style: config.style, types: params.types(), width, mrope, source: source.source() };
     if key.entry_point().is_none() {
         // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
         let got = [Some(&args.q), args.q_out.as_ref(), args.k_out.as_ref()].into_iter().flatten();
@@ -428,7 +425,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, table: TableView, errors
     }
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
-        let shared = if computed { params.shared_bytes(geometry.block.0, g) } else { 0 };
+        let shared = params.shared(geometry.block.0, params.work(g), params.source.computed()).bytes;
         Plan { key, params, shared, geometry }
     }))
 }
@@ -788,7 +785,7 @@ mod tests {
 
     fn params(qh: u32, kh: u32, lanes: u32, tokens: u32) -> RopeParams {
         let mut p = RopeParams { tokens, seq: 1, rot_lanes: lanes, ..Default::default() };
-        p.table = TableView::new([0; 4], lanes);
+        p.pairs = rope_cuda_kernels::views::Pairs::new(lanes);
         p.q.heads = qh;
         p.k.heads = kh;
         p

@@ -3,7 +3,7 @@
 
 use rope_cuda_kernels::keys::TableSource;
 use rope_cuda_kernels::math::{angle_table, inv_freq, split_f64, turns_of, Turns, ANGLE_STEPS};
-use rope_cuda_kernels::views::TableView;
+use rope_cuda_kernels::views::{ComputedView, SourceView, TableView};
 
 use crate::alloc::DeviceAlloc;
 use crate::config::{RopeConfig, MAX_POSITION_LIMIT};
@@ -146,15 +146,15 @@ enum Storage {
 
 impl RopeTable {
     /// The kernels' view of the table or the frequencies.
-    pub(crate) fn view(&self) -> TableView {
+    pub(crate) fn view(&self) -> SourceView {
         let half = self.rotary_dim / 2;
         match &self.storage {
             Storage::Table { cos, sin, cos_lo, sin_lo } => {
-                TableView::new([cos, sin, cos_lo, sin_lo].map(|b| b.address()), half as u32)
+                SourceView::Table(TableView::new([cos, sin, cos_lo, sin_lo].map(|b| b.address())))
             }
             Storage::Computed { freqs } => {
                 let angles = freqs.address() + 16 * half as u64;
-                TableView::computed(freqs.address(), angles, half as u32, self.attention)
+                SourceView::Computed(ComputedView::new(freqs.address(), angles, half as u32, self.attention))
             }
         }
     }

@@ -9,7 +9,7 @@ use cust::memory::DeviceSlice;
 use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::keys::TableSource;
-use rope_cuda_kernels::views::TableView;
+use rope_cuda_kernels::views::{CallerView, SourceView};
 
 use crate::config::{DType, RopeStyle};
 use crate::driver;
@@ -281,7 +281,7 @@ impl KvUpdate {
             tables: TableSource::Caller,
             mrope: None,
         };
-        let table = TableView::new([cos.0, sin.0, 0, 0], (d / 2) as u32);
+        let table = SourceView::Caller(CallerView::new(cos.0, sin.0));
         let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;
         let devices = inputs.map(|(what, ptr, _)| (what, ptr));
         self.core.prepare(&devices, false)?;

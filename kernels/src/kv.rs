@@ -4,7 +4,8 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
-use crate::params::{block_rows_bytes, groups, work_item, KvParams};
+use crate::params::SharedLayout;
+use crate::params::{groups, work_item, KvParams};
 use crate::rotate::{BlockRows, Entries, PairRows, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
 use crate::views::{Duplicates, HeadsView, SlotOf};
@@ -13,7 +14,7 @@ use crate::views::{Duplicates, HeadsView, SlotOf};
 /// always rotate forward.
 #[inline(always)]
 fn table(p: &KvParams, row: u32) -> Table<'_> {
-    Table { view: &p.table, sin_sign: 1.0, row }
+    Table { src: &p.source, pairs: &p.pairs, sin_sign: 1.0, row }
 }
 
 /// Token `t`'s position from its raw position: `None` when out of range (recorded when
@@ -65,7 +66,7 @@ unsafe fn load_token<P: PairRows>(p: &KvParams, t: u32) -> (i64, i64) {
 }
 
 /// What the block-wide scan of the scanning kernels leaves in shared memory (see
-/// [`KvParams::shared_bytes`]): each token's raw position and target slot (`u64::MAX` for
+/// [`KvParams::shared`]): each token's raw position and target slot (`u64::MAX` for
 /// none), and whether a later token writes the slot of each of the block's own tokens.
 struct Shared {
     positions: *mut i64,
@@ -104,7 +105,7 @@ unsafe fn scan_loads<P: PairRows>(p: &KvParams) -> (Loaded, Loaded) {
 ///
 /// # Safety
 /// Every thread of the block calls it (it holds barriers), with at least
-/// [`KvParams::shared_bytes`] of dynamic shared memory; as [`load_token`].
+/// [`KvParams::shared`] of dynamic shared memory; as [`load_token`].
 #[inline(always)]
 unsafe fn block_scan<P: PairRows, T>(
     p: &KvParams,
@@ -219,7 +220,7 @@ unsafe fn shared_target(p: &KvParams, s: &Shared, t: u32, kv: bool, report: (boo
 /// slot mapping's lengths and the owner array's, that nothing written overlaps anything else
 /// the launch touches, that the positions view admits only rows of the table, alignment for
 /// `R` and `C`, that the geometry was made with this `G`, that there is work, and, for the
-/// scan, at least [`KvParams::shared_bytes`] of dynamic shared memory.
+/// scan, at least [`KvParams::shared`] of dynamic shared memory.
 #[inline(always)]
 pub(crate) unsafe fn kv_append<
     S: Style,
@@ -247,6 +248,8 @@ pub(crate) unsafe fn kv_append<
         core::hint::assert_unchecked(p.v_lanes != 0);
         core::hint::assert_unchecked(p.cache.block_size() != 0);
         core::hint::assert_unchecked(p.chunk != 0);
+        // The host divides by the items per token with `items_div`.
+        core::hint::assert_unchecked(p.items_div.divisor == items);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, p.items_div, p.chunk, p.tokens);
     let shared = SCAN && p.owners.mode() == Duplicates::Scan;
@@ -254,7 +257,7 @@ pub(crate) unsafe fn kv_append<
     let (t, w) = item.unwrap_or((0, 0));
     let (b, s) = p.seq_div.divmod(t);
     let (b, s) = (b as u64, s as u64);
-    let half = p.table.half() as usize;
+    let half = p.pairs.half() as usize;
     let (is_q, is_k) = (w < qi, w >= qi && w < qi + ki);
     // Chosen by value: a reference into one of three views would put the parameters in
     // local memory.
@@ -310,26 +313,29 @@ pub(crate) unsafe fn kv_append<
     // item reports slots.
     let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
     let mut entries = Entries::<P>::none();
-    // The library's source: the block's cos and sin in shared memory, after the scan's
-    // arrays when it scans (see `KvParams::shared_bytes`).
+    // Computed cos and sin: the block's rows in shared memory, after the scan's arrays when
+    // it scans, then the staged angle table ([`KvParams::shared`]). Read only by the
+    // computing kernels, whose launches' source is computed.
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
-    let rows_at = if shared { p.scan_bytes(block_dim().0).next_multiple_of(16) as usize } else { 0 };
-    let rows_base = base.wrapping_add(rows_at);
-    // The staged angle table after the rows (see `KvParams::shared_bytes`).
-    let angles_at = rows_base.wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half as u32) as usize);
+    // SAFETY: called only where `B::BLOCK_ROWS` (the computed source).
+    let view = || unsafe { p.source.computed_unchecked() };
+    let at = |part: fn(&SharedLayout) -> u32| {
+        base.wrapping_add(part(&p.shared(block_dim().0, shared, Some(view()))) as usize)
+    };
     let divmod = |t| p.seq_div.divmod(t);
     let block = block_tokens(p);
-    // SAFETY: the host gives the library's kernels `KvParams::shared_bytes` of shared memory,
-    // the positions buffer holds every token's entry, and the frequencies `half` pairs; every
+    // SAFETY: the host gives the library's kernels `KvParams::shared` of shared memory, the
+    // positions buffer holds every token's entry, and the frequencies `half` pairs; every
     // thread of the block calls these (none has returned).
     let start = || unsafe {
-        let start = BlockRows::start::<P>(SCAN, block, &p.table, &p.positions, divmod);
-        BlockRows::stage(SCAN, &start, &p.table, angles_at);
+        let start = BlockRows::start::<P>(SCAN, block, view(), &p.pairs, &p.positions, divmod);
+        BlockRows::stage(SCAN, &start, view(), at(|l| l.angles));
         start
     };
     // SAFETY: as above; after `start`'s stores and a barrier when staged.
     let fill = |start| unsafe {
-        BlockRows::fill::<P>(SCAN, rows_base as *mut f32, start, block, &p.table, &p.positions, divmod, angles_at)
+        let (rows, angles) = (at(|l| l.rows) as *mut f32, at(|l| l.angles));
+        BlockRows::fill::<P>(SCAN, rows, start, block, view(), &p.pairs, &p.positions, divmod, angles)
     };
     let mut block_rows = None;
     let target = if shared {
@@ -366,7 +372,7 @@ pub(crate) unsafe fn kv_append<
     } else {
         if B::BLOCK_ROWS {
             let start = start();
-            if SCAN && p.table.staged() {
+            if SCAN && view().staged() {
                 // SAFETY: every thread of the block is here (none has returned).
                 unsafe { sync_threads() };
             }

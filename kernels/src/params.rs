@@ -7,7 +7,7 @@
 
 pub use crate::div::{Divisor, FastDiv};
 use crate::keys::{KvTypes, RopeTypes};
-use crate::views::{CacheView, ErrorSink, HeadsView, OwnerView, PositionsView, TableView};
+use crate::views::{CacheView, ComputedView, ErrorSink, HeadsView, OwnerView, Pairs, PositionsView, SourceView};
 
 /// Elements of one interleaved (GPT-J) lane for accesses of `e` elements (`vector`: one
 /// vector instruction each): two vectors, so that a thread moves as many bytes of a head as a
@@ -80,16 +80,40 @@ pub const fn block_rows_bytes(work: u32, block_dim: u32, tokens: u32, half: u32)
     t * 16 * row_stride(half)
 }
 
-/// Shared memory for the angle table when a launch stages it ([`TableView::with_staged`]),
-/// after the block rows.
+/// Shared memory for the angle table when a launch stages it
+/// ([`crate::views::ComputedView::with_staged`]), after the block rows.
 pub const ANGLE_BYTES: u32 = 16 * crate::math::ANGLE_STEPS as u32;
 
-/// [`ANGLE_BYTES`] when `table` is staged, else 0.
-fn staged_bytes(table: &TableView) -> u32 {
-    if table.staged() {
-        ANGLE_BYTES
-    } else {
-        0
+/// A launch's dynamic shared memory, as byte offsets from its start: the scan's arrays of the
+/// scanning KV kernels first, then, for computed cos and sin, the block's rows
+/// ([`block_rows_bytes`]) and the staged angle table ([`ANGLE_BYTES`], when staged). Host
+/// (the launch's size) and kernels (where each part is) take it from the same function of
+/// the parameters ([`RopeParams::shared`], [`KvParams::shared`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedLayout {
+    /// Where the block rows start.
+    pub rows: u32,
+    /// Where the staged angle table starts.
+    pub angles: u32,
+    /// The launch's dynamic shared memory.
+    pub bytes: u32,
+}
+
+impl SharedLayout {
+    /// `scan` bytes of scan arrays (0 without), then, with computed cos and sin (`computed`),
+    /// the rows of `work` items per token for `tokens` tokens and `half` pairs, then the
+    /// staged angle table.
+    #[inline(always)]
+    fn new(scan: u32, computed: Option<&ComputedView>, work: u32, block_dim: u32, tokens: u32, half: u32) -> Self {
+        let rows = scan.next_multiple_of(16);
+        match computed {
+            Some(c) => {
+                let angles = rows + block_rows_bytes(work, block_dim, tokens, half);
+                let bytes = angles + if c.staged() { ANGLE_BYTES } else { 0 };
+                SharedLayout { rows, angles, bytes }
+            }
+            None => SharedLayout { rows, angles: rows, bytes: rows },
+        }
     }
 }
 
@@ -128,8 +152,10 @@ pub struct RopeParams {
     pub q: HeadsView,
     /// The keys (`heads == 0`: none).
     pub k: HeadsView,
-    /// The library's cos/sin table.
-    pub table: TableView,
+    /// The pairs rotated.
+    pub pairs: Pairs,
+    /// Where cos and sin come from (the library's table or computed).
+    pub source: SourceView,
     /// The tokens' positions and their valid range (at most the table's rows).
     pub positions: PositionsView,
     /// Where skipped tokens are recorded.
@@ -164,7 +190,7 @@ pub struct RopeParams {
 /// one slot, the last one writes: with [`Duplicates::Scan`](crate::views::Duplicates) each
 /// block loads every token's position and slot into shared memory and compares its own
 /// tokens' slots with the later ones' (the scanning kernels, launched with
-/// [`KvParams::shared_bytes`] of dynamic shared memory); with `Claimed`, `kv_claim` has
+/// [`KvParams::shared`] of dynamic shared memory); with `Claimed`, `kv_claim` has
 /// stored each slot's last token in the owner array, and a token writes only if it finds
 /// itself there.
 #[repr(C)]
@@ -180,8 +206,10 @@ pub struct KvParams {
     pub cache: CacheView,
     /// How duplicate slots are settled.
     pub owners: OwnerView,
-    /// The cos/sin table (the library's, or the caller's in the element type).
-    pub table: TableView,
+    /// The pairs rotated.
+    pub pairs: Pairs,
+    /// Where cos and sin come from (the library's table, computed, or the caller's tables).
+    pub source: SourceView,
     /// The tokens' positions and their valid range.
     pub positions: PositionsView,
     /// Where skipped tokens are recorded.
@@ -221,20 +249,14 @@ impl KvParams {
         16 * self.tokens + 4 * block_threads
     }
 
-    /// The dynamic shared memory of a launch with blocks of `block_threads`: the scan's
-    /// arrays when it scans (`scan`), then, with the library's source (`rows`), the block's
-    /// cos and sin ([`block_rows_bytes`]) from the next 16-byte boundary and the staged angle
-    /// table ([`ANGLE_BYTES`], when staged).
-    pub fn shared_bytes(&self, block_threads: u32, scan: bool, rows: bool) -> u32 {
-        let at = if scan { self.scan_bytes(block_threads).next_multiple_of(16) } else { 0 };
-        let rows = match rows {
-            true => {
-                block_rows_bytes(self.items_div.divisor, block_threads, self.tokens, self.table.half())
-                    + staged_bytes(&self.table)
-            }
-            false => 0,
-        };
-        at + rows
+    /// The dynamic shared memory of a launch with blocks of `block_threads` ([`SharedLayout`]):
+    /// the scan's arrays when it scans (`scan`), then the block's rows and staged angle table
+    /// of computed cos and sin (`computed`: the launch's source, [`SourceView::computed`]).
+    #[inline(always)]
+    pub fn shared(&self, block_threads: u32, scan: bool, computed: Option<&ComputedView>) -> SharedLayout {
+        let scan = if scan { self.scan_bytes(block_threads) } else { 0 };
+        let (work, half) = (self.items_div.divisor, self.pairs.half());
+        SharedLayout::new(scan, computed, work, block_threads, self.tokens, half)
     }
 }
 
@@ -245,12 +267,20 @@ impl RopeParams {
         RopeTypes { q: self.q.in_type, k: k.in_type, q_out: self.q.out_type, k_out: k.out_type }
     }
 
-    /// The dynamic shared memory of a launch with blocks of `block_threads` taking `g` heads
-    /// per thread: the block's cos and sin ([`block_rows_bytes`]), then the staged angle table
-    /// ([`ANGLE_BYTES`], when staged).
-    pub fn shared_bytes(&self, block_threads: u32, g: u32) -> u32 {
-        let work = (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes);
-        block_rows_bytes(work, block_threads, self.tokens, self.table.half()) + staged_bytes(&self.table)
+    /// The work items per token of the mapping at `g` heads per thread: `(q_groups +
+    /// k_groups) * (rot_lanes + copy_lanes)`.
+    #[inline(always)]
+    pub fn work(&self, g: u32) -> u32 {
+        (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes)
+    }
+
+    /// The dynamic shared memory of a launch with blocks of `block_threads` and `work` items
+    /// per token ([`RopeParams::work`]) ([`SharedLayout`]): with computed cos and sin
+    /// (`computed`: the launch's source, [`SourceView::computed`]), the block's rows, then the
+    /// staged angle table.
+    #[inline(always)]
+    pub fn shared(&self, block_threads: u32, work: u32, computed: Option<&ComputedView>) -> SharedLayout {
+        SharedLayout::new(0, computed, work, block_threads, self.tokens, self.pairs.half())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
-use crate::params::{block_rows_bytes, block_tokens, groups, work_item, RopeParams};
+use crate::params::{block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockRows, PairRows, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 
@@ -19,7 +19,7 @@ use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 /// the table and its buffer holds every token's entry, that the table holds `half` pairs per
 /// row, that addresses are aligned for `R` and `C`, that the geometry was made with this
 /// kernel's `G`, and that there is work (`seq`, lanes and heads not zero); with
-/// [`Source::BLOCK_ROWS`], that the launch has [`RopeParams::shared_bytes`] of dynamic shared
+/// [`Source::BLOCK_ROWS`], that the launch has [`RopeParams::shared`] of dynamic shared
 /// memory.
 #[inline(always)]
 pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: PairRows, const G: usize>(
@@ -56,7 +56,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
     };
     // SAFETY: just computed; lets the compiler drop the head loop where G is 1.
     unsafe { core::hint::assert_unchecked(rows.count >= 1 && rows.count <= G) };
-    let half = p.table.half();
+    let half = p.pairs.half();
     // The first head's data does not depend on the position: load it before the position
     // (and the table entries that depend on it) arrive.
     let rotating = lane < p.rot_lanes;
@@ -83,19 +83,21 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
     // Only the one-head kernels (the launches of few tokens) stage the angle table.
     let stage = G == 1;
-    // SAFETY: the host gives every computing launch `RopeParams::shared_bytes` of shared
-    // memory (16-byte aligned), the positions buffer holds every token's entry, and the
-    // frequencies `half` pairs; every thread of the block is here.
+    // SAFETY: the host gives every computing launch `RopeParams::shared` of shared memory
+    // (16-byte aligned), the positions buffer holds every token's entry, and the frequencies
+    // `half` pairs; every thread of the block is here; the launch's source is computed.
     let block_rows = B::BLOCK_ROWS.then(|| unsafe {
+        let view = p.source.computed_unchecked();
         let divmod = |t| (t / p.seq, t % p.seq);
-        let start = BlockRows::start::<P>(stage, block, &p.table, &p.positions, divmod);
-        // The staged angle table after the rows (see `RopeParams::shared_bytes`).
-        let angles_at = (base as *mut u8).wrapping_add(block_rows_bytes(items, block_dim().0, p.tokens, half) as usize);
-        if stage && p.table.staged() {
-            BlockRows::stage(stage, &start, &p.table, angles_at);
+        let start = BlockRows::start::<P>(stage, block, view, &p.pairs, &p.positions, divmod);
+        // The staged angle table after the rows.
+        let layout = p.shared(block_dim().0, items, Some(view));
+        let angles_at = (base as *mut u8).wrapping_add(layout.angles as usize);
+        if stage && view.staged() {
+            BlockRows::stage(stage, &start, view, angles_at);
             sync_threads();
         }
-        let r = BlockRows::fill::<P>(stage, base, start, block, &p.table, &p.positions, divmod, angles_at);
+        let r = BlockRows::fill::<P>(stage, base, start, block, view, &p.pairs, &p.positions, divmod, angles_at);
         sync_threads();
         r
     });
@@ -114,7 +116,8 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         return;
     };
     if rotating {
-        let table = Table { view: &p.table, sin_sign: p.sin_sign, row: block_rows.map_or(0, |r| r.row(token)) };
+        let row = block_rows.map_or(0, |r| r.row(token));
+        let table = Table { src: &p.source, pairs: &p.pairs, sin_sign: p.sin_sign, row };
         // SAFETY: the positions view admits only rows of the table, and `pos` passed its
         // check; the rest as above.
         unsafe {

@@ -9,11 +9,11 @@ use crate::gpu::{
 };
 use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at, ANGLE_STEPS};
 use crate::params::row_stride;
-use crate::views::{PositionsView, TableView};
+use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
 /// multimodal RoPE, the row of one of the token's three positions, chosen per pair by the
-/// table's bands ([`StreamRows`]).
+/// launch's [`Pairs`] ([`StreamRows`]).
 pub(crate) trait PairRows: Copy + Default {
     /// Whether every pair reads the same row (a lane's entries are then contiguous).
     const ONE_ROW: bool;
@@ -30,21 +30,21 @@ pub(crate) trait PairRows: Copy + Default {
     /// [`PositionsView::check`] (for streams: all three are in range).
     unsafe fn of(positions: &PositionsView, t: u32, pos: u32) -> Self;
     /// The position pair `i` turns by.
-    fn pos(self, table: &TableView, i: usize) -> u32;
+    fn pos(self, pairs: &Pairs, i: usize) -> u32;
     /// The table entry index of pair `i`.
     #[inline(always)]
-    fn entry(self, table: &TableView, i: usize) -> usize {
-        table.entry(self.pos(table, i) as usize, i)
+    fn entry(self, pairs: &Pairs, i: usize) -> usize {
+        pairs.entry(self.pos(pairs, i) as usize, i)
     }
     /// Whether pairs `i..i + n` all read one row.
-    fn one_row(self, table: &TableView, i: usize, n: usize) -> bool;
+    fn one_row(self, pairs: &Pairs, i: usize, n: usize) -> bool;
 }
 
 /// Every pair at the token's one position.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct OneRow(u32);
 
-/// MRoPE: pair `i` at the token's position of stream [`TableView::stream`]`(i)`.
+/// MRoPE: pair `i` at the token's position of stream [`Pairs::stream`]`(i)`.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct StreamRows([u32; 3]);
 
@@ -60,11 +60,11 @@ impl PairRows for OneRow {
         OneRow(pos)
     }
     #[inline(always)]
-    fn pos(self, _: &TableView, _: usize) -> u32 {
+    fn pos(self, _: &Pairs, _: usize) -> u32 {
         self.0
     }
     #[inline(always)]
-    fn one_row(self, _: &TableView, _: usize, _: usize) -> bool {
+    fn one_row(self, _: &Pairs, _: usize, _: usize) -> bool {
         true
     }
 }
@@ -82,27 +82,29 @@ impl PairRows for StreamRows {
         StreamRows(unsafe { positions.streams_of(t) }.map(|p| p as u32))
     }
     #[inline(always)]
-    fn pos(self, table: &TableView, i: usize) -> u32 {
+    fn pos(self, pairs: &Pairs, i: usize) -> u32 {
         // A select, not an index: a dynamic index would put the array in local memory.
         let [p0, p1, p2] = self.0;
-        match table.stream(i as u32) {
+        match pairs.stream(i as u32) {
             0 => p0,
             1 => p1,
             _ => p2,
         }
     }
     #[inline(always)]
-    fn one_row(self, table: &TableView, i: usize, n: usize) -> bool {
+    fn one_row(self, pairs: &Pairs, i: usize, n: usize) -> bool {
         let [p0, p1, p2] = self.0;
-        (p0 == p1 && p1 == p2) || table.one_band(i as u32, (i + n - 1) as u32)
+        (p0 == p1 && p1 == p2) || pairs.one_band(i as u32, (i + n - 1) as u32)
     }
 }
 
 /// A launch's cos/sin source and the direction of its rotation, for one token.
 #[derive(Clone, Copy)]
 pub(crate) struct Table<'a> {
-    /// The table (the caller's), or the frequencies (the library's).
-    pub view: &'a TableView,
+    /// The source's view (its variant the kernel's source's).
+    pub src: &'a SourceView,
+    /// The pairs rotated.
+    pub pairs: &'a Pairs,
     /// `1.0`, or `-1.0` for the inverse rotation.
     pub sin_sign: f32,
     /// The library's source: the token's row of the block's cos and sin ([`BlockRows::row`]);
@@ -152,38 +154,47 @@ pub(crate) struct ElemTable<T>(core::marker::PhantomData<T>);
 /// As [`Source::load`].
 #[inline(always)]
 unsafe fn table_entries<P: PairRows>(
-    view: &TableView,
+    [cos, sin]: [u64; 2],
+    pairs: &Pairs,
     rows: P,
     i: usize,
     n: usize,
     load: impl Fn(u64, usize, usize) -> Lane,
 ) -> (Lane, Lane) {
-    let [cos, sin, ..] = view.addresses();
     // MRoPE lanes whose pairs all read one row (text tokens; or, with contiguous bands,
     // lanes inside one band: Qwen2-VL's sections are multiples of the lane width) load as
     // one row too.
-    if P::ONE_ROW || rows.one_row(view, i, n) {
-        let at = rows.entry(view, i);
+    if P::ONE_ROW || rows.one_row(pairs, i, n) {
+        let at = rows.entry(pairs, i);
         (load(cos, at, n), load(sin, at, n))
     } else {
         let (mut c, mut s) = ([0.0f32; 8], [0.0f32; 8]);
         unrolled(n, |j| {
-            let at = rows.entry(view, i + j);
+            let at = rows.entry(pairs, i + j);
             (c[j], s[j]) = (load(cos, at, 1)[0], load(sin, at, 1)[0]);
         });
         (c, s)
     }
 }
 
+/// [`Source::load`] of f32 tables at `[cos, sin]`.
+///
+/// # Safety
+/// As [`Source::load`].
+#[inline(always)]
+unsafe fn f32_entries<P: PairRows>(cos_sin: [u64; 2], p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+    // SAFETY: the caller's contract: the tables hold the entries read.
+    let load = |base: u64, at: usize, n: usize| unsafe { load_table((base as *const f32).wrapping_add(at), n) };
+    // SAFETY: as above.
+    unsafe { table_entries(cos_sin, p.pairs, rows, i, n, load) }
+}
+
 impl Source for F32Table {
     const BLOCK_ROWS: bool = false;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
-        let view = p.view;
-        // SAFETY: the trait method's contract: the tables hold the entries read.
-        let load = |base: u64, at: usize, n: usize| unsafe { load_table((base as *const f32).wrapping_add(at), n) };
-        // SAFETY: as above.
-        unsafe { table_entries(view, rows, i, n, load) }
+        // SAFETY: the trait method's contract (the launch's source is the caller's tables).
+        unsafe { f32_entries(p.src.caller_unchecked().addresses(), p, rows, i, n) }
     }
     #[inline(always)]
     unsafe fn exact(_: Table<'_>, _: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
@@ -195,12 +206,15 @@ impl Source for LibTable {
     const BLOCK_ROWS: bool = false;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
+        // SAFETY: the trait method's contract (the launch's source is the library's table).
+        let [cos, sin, ..] = unsafe { p.src.table_unchecked() }.addresses();
         // SAFETY: the trait method's contract.
-        unsafe { F32Table::load(p, rows, i, n) }
+        unsafe { f32_entries([cos, sin], p, rows, i, n) }
     }
     #[inline(always)]
     unsafe fn exact(p: Table<'_>, _: usize, at: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
-        let [_, _, cos_lo, sin_lo] = p.view.addresses();
+        // SAFETY: the trait method's contract (the launch's source is the library's table).
+        let [_, _, cos_lo, sin_lo] = unsafe { p.src.table_unchecked() }.addresses();
         // SAFETY: the trait method's contract: the residual tables hold the entry the fast
         // values came from.
         unsafe {
@@ -214,7 +228,8 @@ impl<T: Elem> Source for ElemTable<T> {
     const BLOCK_ROWS: bool = false;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
-        let view = p.view;
+        // SAFETY: the trait method's contract (the launch's source is the caller's tables).
+        let cos_sin = unsafe { p.src.caller_unchecked() }.addresses();
         let load = |base: u64, at: usize, n: usize| {
             let mut v = [0.0f32; 8];
             unrolled(n, |j| {
@@ -225,7 +240,7 @@ impl<T: Elem> Source for ElemTable<T> {
             v
         };
         // SAFETY: as above.
-        unsafe { table_entries(view, rows, i, n, load) }
+        unsafe { table_entries(cos_sin, p.pairs, rows, i, n, load) }
     }
     #[inline(always)]
     unsafe fn exact(_: Table<'_>, _: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
@@ -238,24 +253,24 @@ impl<T: Elem> Source for ElemTable<T> {
 /// # Safety
 /// The view's frequency array holds pair `i`.
 #[inline(always)]
-unsafe fn turns_of_pair<P: PairRows>(view: &TableView, rows: P, i: usize) -> u64 {
+unsafe fn turns_of_pair<P: PairRows>(view: &ComputedView, pairs: &Pairs, rows: P, i: usize) -> u64 {
     // SAFETY: the caller's contract: 16 bytes per pair, 16-byte aligned.
     let [r0, r1, r2, _] = unsafe { load_words_nc((view.freqs() as *const u32).wrapping_add(4 * i)) };
-    turns_at(rows.pos(view, i), [r0, r1, r2])
+    turns_at(rows.pos(pairs, i), [r0, r1, r2])
 }
 
 impl Source for Computed {
     const BLOCK_ROWS: bool = true;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, _: P, i: usize, n: usize) -> (Lane, Lane) {
-        let stride = row_stride(p.view.half()) as usize;
+        let stride = row_stride(p.pairs.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the token's `half` cos, then
         // (from `stride`) its sines, 16-byte aligned, and `i` is a multiple of `min(n, 4)`.
         unsafe { (load_shared32(p.row + 4 * i as u32, n), load_shared32(p.row + 4 * (stride + i) as u32, n)) }
     }
     #[inline(always)]
     unsafe fn exact(p: Table<'_>, i: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
-        let stride = row_stride(p.view.half()) as usize;
+        let stride = row_stride(p.pairs.half()) as usize;
         // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
         unsafe {
             let at = |k: usize| load_shared32_volatile(p.row + 4 * (k * stride + i) as u32);
@@ -315,7 +330,8 @@ impl BlockRows {
     pub(crate) unsafe fn start<P: PairRows>(
         can_stage: bool,
         (first, count): (u32, u32),
-        view: &TableView,
+        view: &ComputedView,
+        pairs: &Pairs,
         positions: &PositionsView,
         divmod: impl Fn(u32) -> (u32, u32),
     ) -> FillStart {
@@ -332,7 +348,7 @@ impl BlockRows {
                 }
             }
         }
-        let (t, i) = view.pair_of(tid);
+        let (t, i) = view.pair_of(tid, pairs.half());
         let turns = if t < count {
             let token = first + t;
             // The (batch, sequence index) only where the position needs it.
@@ -341,7 +357,7 @@ impl BlockRows {
             let raw = unsafe { P::load(positions, token, b, s) };
             positions.check(raw).map(|pos| {
                 // SAFETY: as above; `pos` passed the check; the frequencies hold the pair.
-                unsafe { turns_of_pair(view, P::of(positions, token, pos), i as usize) }
+                unsafe { turns_of_pair(view, pairs, P::of(positions, token, pos), i as usize) }
             })
         } else {
             None
@@ -356,7 +372,7 @@ impl BlockRows {
     /// `at` is the block's shared memory of [`crate::params::ANGLE_BYTES`], 16-byte aligned;
     /// every thread of the block calls it with its own `start`.
     #[inline(always)]
-    pub(crate) unsafe fn stage(can_stage: bool, start: &FillStart, view: &TableView, at: *mut u8) {
+    pub(crate) unsafe fn stage(can_stage: bool, start: &FillStart, view: &ComputedView, at: *mut u8) {
         if !(can_stage && view.staged()) {
             return;
         }
@@ -402,18 +418,19 @@ impl BlockRows {
         base: *mut f32,
         start: FillStart,
         (first, count): (u32, u32),
-        view: &TableView,
+        view: &ComputedView,
+        pairs: &Pairs,
         positions: &PositionsView,
         divmod: impl Fn(u32) -> (u32, u32),
         angles_at: *const u8,
     ) -> BlockRows {
-        let half = view.half();
+        let half = pairs.half();
         let stride = row_stride(half);
         let bd = block_dim().0;
         // SAFETY: the host never launches without rotary pairs.
         unsafe { core::hint::assert_unchecked(half != 0) };
         // Entry `k = token * half + pair`, stepped by `block_dim` without dividing.
-        let (step_t, step_i) = view.pair_of(bd);
+        let (step_t, step_i) = view.pair_of(bd, half);
         let FillStart { mut t, mut i, turns, .. } = start;
         let mut turns = turns;
         let a = view.attention();
@@ -464,7 +481,7 @@ impl BlockRows {
                 let raw = unsafe { P::load(positions, token, b, s) };
                 turns = positions.check(raw).map(|pos| {
                     // SAFETY: as above; `pos` passed the check; the frequencies hold the pair.
-                    unsafe { turns_of_pair(view, P::of(positions, token, pos), i as usize) }
+                    unsafe { turns_of_pair(view, pairs, P::of(positions, token, pos), i as usize) }
                 });
             }
         }
@@ -512,7 +529,7 @@ impl<P: PairRows> Entries<P> {
         for v in s.iter_mut().take(n) {
             *v *= p.sin_sign;
         }
-        Entries { c, s, i, at: rows.entry(p.view, i), rows }
+        Entries { c, s, i, at: rows.entry(p.pairs, i), rows }
     }
 
     /// The lane's `n` cos and sin (the sine's sign set), for one head.
@@ -542,7 +559,7 @@ impl<P: PairRows> Entries<P> {
         if !B::BLOCK_ROWS {
             // Tables: the fast values as held (the sine's sign set), the residuals read at
             // the entry (zero for the caller's tables).
-            let at = if P::ONE_ROW { self.at + j } else { self.rows.entry(p.view, self.i + j) };
+            let at = if P::ONE_ROW { self.at + j } else { self.rows.entry(p.pairs, self.i + j) };
             // SAFETY: the caller's contract: the tables hold entry `at`.
             let ((c, c_lo), (_, s_lo)) = unsafe { B::exact(p, self.i + j, at, self.c[j], 0.0) };
             return ((c, c_lo), (self.s[j], s_lo * p.sin_sign));
@@ -783,7 +800,7 @@ impl Style for NeoX {
         p: Table<'_>,
     ) {
         const { assert!(R::E == W::E) };
-        let half = p.view.half() as usize;
+        let half = p.pairs.half() as usize;
         let i = lane * R::E;
         let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
         let mut cur = first;

@@ -8,7 +8,7 @@
 //! atomics), so the meaning of every field is tested where it is defined.
 
 use crate::div::FastDiv;
-use crate::keys::DType;
+use crate::keys::{DType, TableSource};
 use crate::mem::{atomic_add_u64, atomic_max_u64, atomic_min_u64, load_i32, load_i64};
 
 /// One tensor of rows, viewed as `[batch, seq, heads, head_dim]`.
@@ -51,21 +51,13 @@ impl HeadsView {
     }
 }
 
-/// The library's cos/sin table on the device: four f32 arrays of `[rows, half]` (the cosines,
-/// the sines, and the residuals of each, `value_f64 - value`, rounded to f32).
-///
-/// Which rows exist is the host's to guarantee: a launch's [`PositionsView`] admits only
-/// positions below its limit, which the host makes at most the table's rows.
-///
-/// With multimodal RoPE (MRoPE) each pair takes its row from one of a token's three
-/// positions (temporal, height, width): [`TableView::stream`] says which.
+/// The pairs a launch rotates: `half` per head (half the rotary dimension), each at an entry
+/// `pos * half + i` of its source's rows, and, with multimodal RoPE (MRoPE), which of a
+/// token's three positions (temporal, height, width) each pair turns by
+/// ([`Pairs::stream`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TableView {
-    cos: u64,
-    sin: u64,
-    cos_lo: u64,
-    sin_lo: u64,
+pub struct Pairs {
     half: u32,
     /// [`MropeBands`] as three words (without MRoPE: every pair in stream 0).
     bands: [u32; 3],
@@ -84,98 +76,23 @@ pub enum MropeBands {
 }
 
 impl MropeBands {
-    /// The stream (0, 1 or 2) of pair `i` (what the kernels compute, through [`TableView::stream`]).
+    /// The stream (0, 1 or 2) of pair `i` (what the kernels compute, through [`Pairs::stream`]).
     pub fn stream(self, i: u32) -> u32 {
-        TableView::new([0; 4], 0).with_mrope(self).stream(i)
+        Pairs::new(0).with_mrope(self).stream(i)
     }
 }
 
-/// [`TableView::computed`]'s fourth word: the angle table is staged in shared memory.
-const STAGED: u64 = 1 << 32;
-/// [`TableView::computed`]'s fourth word: the attention factor is 1.
-const UNIT_ATTENTION: u64 = 1 << 33;
-
-impl TableView {
-    /// A table of `half` pairs per row at `[cos, sin, cos_lo, sin_lo]` (the residual
-    /// addresses are not read by kernels that take the caller's tables).
-    pub const fn new(addresses: [u64; 4], half: u32) -> Self {
-        let [cos, sin, cos_lo, sin_lo] = addresses;
-        TableView { cos, sin, cos_lo, sin_lo, half, bands: [u32::MAX, u32::MAX, 0] }
+impl Pairs {
+    /// `half` pairs per head, every one in stream 0.
+    pub const fn new(half: u32) -> Self {
+        Pairs { half, bands: [u32::MAX, u32::MAX, 0] }
     }
 
-    /// The library's source: no table, but `half` frequencies at `freqs`, each 16 bytes
-    /// (its [`crate::math::Turns`] and a pad word), the angle table at `angles`
-    /// ([`crate::math::AngleEntry`] each, [`crate::math::ANGLE_STEPS`] of them), and the
-    /// attention factor both cos and sin are multiplied by, as an f32 pair. Positions are then
-    /// limited by the launch's [`PositionsView`] only.
-    ///
-    /// The fourth word holds `ceil(2^31 / half)` (for [`TableView::pair_of`]) and the flags
-    /// [`TableView::unit_attention`] and [`TableView::staged`].
-    pub fn computed(freqs: u64, angles: u64, half: u32, attention: f64) -> Self {
-        let hi = attention as f32;
-        let lo = (attention - hi as f64) as f32;
-        let recip = (1u64 << 31).div_ceil(half.max(1) as u64);
-        let unit = if attention == 1.0 { UNIT_ATTENTION } else { 0 };
-        let words = [freqs, angles, hi.to_bits() as u64 | (lo.to_bits() as u64) << 32, recip | unit];
-        TableView::new(words, half)
-    }
-
-    /// The same source with the angle table copied into each block's shared memory before
-    /// the block's cos and sin are computed (`on`): its loads then overlap the positions'
-    /// instead of following them, for launches of few tokens, where that chain is the
-    /// kernel's length (the host adds [`crate::params::ANGLE_BYTES`] of shared memory).
-    pub fn with_staged(mut self, on: bool) -> Self {
-        self.sin_lo = if on { self.sin_lo | STAGED } else { self.sin_lo & !STAGED };
-        self
-    }
-
-    /// Whether the angle table is staged in shared memory ([`TableView::with_staged`]).
-    #[inline(always)]
-    pub fn staged(&self) -> bool {
-        self.sin_lo & STAGED != 0
-    }
-
-    /// Whether the attention factor is exactly 1 (the computed cos and sin are then used as
-    /// they are).
-    #[inline(always)]
-    pub fn unit_attention(&self) -> bool {
-        self.sin_lo & UNIT_ATTENTION != 0
-    }
-
-    /// `(k / half, k % half)` for `k * half < 2^31`, by one multiply: with `m =
-    /// ceil(2^31 / half) = (2^31 + e) / half`, `e < half`, `k * m / 2^31` exceeds `k / half`
-    /// by `k * e / (half * 2^31) < 1 / half`, less than the distance from `k / half` to the
-    /// next integer.
-    #[inline(always)]
-    pub fn pair_of(&self, k: u32) -> (u32, u32) {
-        let t = ((k as u64 * (self.sin_lo as u32) as u64) >> 31) as u32;
-        (t, k - t * self.half)
-    }
-
-    /// The frequencies' address ([`TableView::computed`]).
-    #[inline(always)]
-    pub fn freqs(&self) -> u64 {
-        self.cos
-    }
-
-    /// The angle table's address ([`TableView::computed`]).
-    #[inline(always)]
-    pub fn angles(&self) -> u64 {
-        self.sin
-    }
-
-    /// The attention factor as an f32 pair `(hi, lo)` ([`TableView::computed`]).
-    #[inline(always)]
-    pub fn attention(&self) -> (f32, f32) {
-        (f32::from_bits(self.cos_lo as u32), f32::from_bits((self.cos_lo >> 32) as u32))
-    }
-
-    /// The same table, its pairs split among three position streams as `bands` says (read
-    /// only by the MRoPE kernels).
+    /// The same pairs, split among three position streams as `bands` says (read only by the
+    /// MRoPE kernels).
     pub const fn with_mrope(mut self, bands: MropeBands) -> Self {
         // Words: the boundaries where stream 1 and stream 2 start (contiguous), or
-        // `3 * sections[1]`, `3 * sections[2]` with the top bit of the third word set
-        // (interleaved).
+        // `3 * sections[1]`, `3 * sections[2]` with the third word 1 (interleaved).
         self.bands = match bands {
             MropeBands::Contiguous([s0, s1, _]) => [s0, s0 + s1, 0],
             MropeBands::Interleaved([_, s1, s2]) => [3 * s1, 3 * s2, 1],
@@ -183,19 +100,13 @@ impl TableView {
         self
     }
 
-    /// `[cos, sin, cos_lo, sin_lo]`.
-    #[inline(always)]
-    pub fn addresses(&self) -> [u64; 4] {
-        [self.cos, self.sin, self.cos_lo, self.sin_lo]
-    }
-
-    /// Pairs per row: half the rotary dimension.
+    /// Pairs per head: half the rotary dimension.
     #[inline(always)]
     pub fn half(&self) -> u32 {
         self.half
     }
 
-    /// The entry index (within each of the four arrays) of pair `i` at position `pos`.
+    /// The entry index (within each of a source's arrays) of pair `i` at position `pos`.
     #[inline(always)]
     pub fn entry(&self, pos: usize, i: usize) -> usize {
         pos * self.half as usize + i
@@ -209,7 +120,7 @@ impl TableView {
     }
 
     /// The MRoPE stream (0, 1 or 2) of pair `i`, as [`MropeBands::stream`] of the bands given
-    /// to [`TableView::with_mrope`].
+    /// to [`Pairs::with_mrope`].
     #[inline(always)]
     pub fn stream(&self, i: u32) -> u32 {
         let [a, b, interleaved] = self.bands;
@@ -223,6 +134,216 @@ impl TableView {
                 0
             }
         }
+    }
+}
+
+/// Where a launch's cos and sin come from: each source with its own view (the variant is the
+/// kernel key's [`TableSource`]).
+#[repr(C, u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceView {
+    /// The library's table.
+    Table(TableView),
+    /// Computed in the kernel from the library's frequencies.
+    Computed(ComputedView),
+    /// The caller's tables (the reference operation).
+    Caller(CallerView),
+}
+
+impl Default for SourceView {
+    fn default() -> Self {
+        SourceView::Table(TableView::default())
+    }
+}
+
+impl SourceView {
+    /// The library's table of a launch whose source it is.
+    ///
+    /// # Safety
+    /// `self` is [`SourceView::Table`] (a kernel of that source is launched only with it).
+    #[inline(always)]
+    pub unsafe fn table_unchecked(&self) -> &TableView {
+        match self {
+            SourceView::Table(v) => v,
+            // SAFETY: the caller's contract.
+            _ => unsafe { core::hint::unreachable_unchecked() },
+        }
+    }
+
+    /// The computed source of a launch whose source it is.
+    ///
+    /// # Safety
+    /// `self` is [`SourceView::Computed`].
+    #[inline(always)]
+    pub unsafe fn computed_unchecked(&self) -> &ComputedView {
+        match self {
+            SourceView::Computed(v) => v,
+            // SAFETY: the caller's contract.
+            _ => unsafe { core::hint::unreachable_unchecked() },
+        }
+    }
+
+    /// The caller's tables of a launch whose source they are.
+    ///
+    /// # Safety
+    /// `self` is [`SourceView::Caller`].
+    #[inline(always)]
+    pub unsafe fn caller_unchecked(&self) -> &CallerView {
+        match self {
+            SourceView::Caller(v) => v,
+            // SAFETY: the caller's contract.
+            _ => unsafe { core::hint::unreachable_unchecked() },
+        }
+    }
+
+    /// The computed source's view, if it is that one.
+    pub fn computed(&self) -> Option<&ComputedView> {
+        match self {
+            SourceView::Computed(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The source, as the kernel keys name it.
+    pub fn source(&self) -> TableSource {
+        match self {
+            SourceView::Table(_) => TableSource::Table,
+            SourceView::Computed(_) => TableSource::Computed,
+            SourceView::Caller(_) => TableSource::Caller,
+        }
+    }
+}
+
+/// The library's cos/sin table on the device: four f32 arrays of `[rows, half]` (the cosines,
+/// the sines, and the residuals of each, `value_f64 - value`, rounded to f32), entries as
+/// [`Pairs::entry`] says.
+///
+/// Which rows exist is the host's to guarantee: a launch's [`PositionsView`] admits only
+/// positions below its limit, which the host makes at most the table's rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableView {
+    cos: u64,
+    sin: u64,
+    cos_lo: u64,
+    sin_lo: u64,
+}
+
+impl TableView {
+    /// The table at `[cos, sin, cos_lo, sin_lo]`.
+    pub const fn new([cos, sin, cos_lo, sin_lo]: [u64; 4]) -> Self {
+        TableView { cos, sin, cos_lo, sin_lo }
+    }
+
+    /// `[cos, sin, cos_lo, sin_lo]`.
+    #[inline(always)]
+    pub fn addresses(&self) -> [u64; 4] {
+        [self.cos, self.sin, self.cos_lo, self.sin_lo]
+    }
+}
+
+/// A caller's cos and sin tables, `[rows, half]` each in the element type of the kernel's
+/// inputs, taken as exact (no residuals).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallerView {
+    cos: u64,
+    sin: u64,
+}
+
+impl CallerView {
+    /// The tables at `cos` and `sin`.
+    pub const fn new(cos: u64, sin: u64) -> Self {
+        CallerView { cos, sin }
+    }
+
+    /// `[cos, sin]`.
+    #[inline(always)]
+    pub fn addresses(&self) -> [u64; 2] {
+        [self.cos, self.sin]
+    }
+}
+
+/// [`ComputedView`]'s flags: the angle table is staged in shared memory.
+const STAGED: u32 = 1;
+/// [`ComputedView`]'s flags: the attention factor is 1.
+const UNIT_ATTENTION: u32 = 2;
+
+/// The library's source without a table: the frequencies, each 16 bytes (its
+/// [`crate::math::Turns`] and a pad word), the angle table ([`crate::math::AngleEntry`] each,
+/// [`crate::math::ANGLE_STEPS`] of them), and the attention factor both cos and sin are
+/// multiplied by, as an f32 pair. Positions are limited by the launch's [`PositionsView`]
+/// only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ComputedView {
+    freqs: u64,
+    angles: u64,
+    /// The attention factor's f32 pair, as bits.
+    attention: [u32; 2],
+    /// `ceil(2^31 / half)`, for [`ComputedView::pair_of`].
+    recip: u32,
+    flags: u32,
+}
+
+impl ComputedView {
+    /// `half` frequencies at `freqs`, the angle table at `angles`, and the attention factor.
+    pub fn new(freqs: u64, angles: u64, half: u32, attention: f64) -> Self {
+        let hi = attention as f32;
+        let lo = (attention - hi as f64) as f32;
+        let recip = (1u64 << 31).div_ceil(half.max(1) as u64) as u32;
+        let flags = if attention == 1.0 { UNIT_ATTENTION } else { 0 };
+        ComputedView { freqs, angles, attention: [hi.to_bits(), lo.to_bits()], recip, flags }
+    }
+
+    /// The same source with the angle table copied into each block's shared memory before
+    /// the block's cos and sin are computed (`on`): its loads then overlap the positions'
+    /// instead of following them, for launches of few tokens, where that chain is the
+    /// kernel's length (the host adds [`crate::params::ANGLE_BYTES`] of shared memory).
+    pub fn with_staged(mut self, on: bool) -> Self {
+        self.flags = if on { self.flags | STAGED } else { self.flags & !STAGED };
+        self
+    }
+
+    /// Whether the angle table is staged in shared memory ([`ComputedView::with_staged`]).
+    #[inline(always)]
+    pub fn staged(&self) -> bool {
+        self.flags & STAGED != 0
+    }
+
+    /// Whether the attention factor is exactly 1 (the computed cos and sin are then used as
+    /// they are).
+    #[inline(always)]
+    pub fn unit_attention(&self) -> bool {
+        self.flags & UNIT_ATTENTION != 0
+    }
+
+    /// `(k / half, k % half)` for `k * half < 2^31` (`half` the one this view was made for),
+    /// by one multiply: with `m = ceil(2^31 / half) = (2^31 + e) / half`, `e < half`,
+    /// `k * m / 2^31` exceeds `k / half` by `k * e / (half * 2^31) < 1 / half`, less than the
+    /// distance from `k / half` to the next integer.
+    #[inline(always)]
+    pub fn pair_of(&self, k: u32, half: u32) -> (u32, u32) {
+        let t = ((k as u64 * self.recip as u64) >> 31) as u32;
+        (t, k - t * half)
+    }
+
+    /// The frequencies' address.
+    #[inline(always)]
+    pub fn freqs(&self) -> u64 {
+        self.freqs
+    }
+
+    /// The angle table's address.
+    #[inline(always)]
+    pub fn angles(&self) -> u64 {
+        self.angles
+    }
+
+    /// The attention factor as an f32 pair `(hi, lo)`.
+    #[inline(always)]
+    pub fn attention(&self) -> (f32, f32) {
+        (f32::from_bits(self.attention[0]), f32::from_bits(self.attention[1]))
     }
 }
 
@@ -781,11 +902,11 @@ mod tests {
         // sampled densely near each multiple of half), and the flags beside the reciprocal.
         for half in 1..=4096u32 {
             for attention in [1.0, 0.5] {
-                let v = TableView::computed(0, 0, half, attention).with_staged(half % 2 == 0);
+                let v = ComputedView::new(0, 0, half, attention).with_staged(half % 2 == 0);
                 assert_eq!(v.staged(), half % 2 == 0);
                 assert_eq!(v.unit_attention(), attention == 1.0);
                 let limit = (1u64 << 31) / half as u64;
-                let check = |k: u32| assert_eq!(v.pair_of(k), (k / half, k % half), "half {half} k {k}");
+                let check = |k: u32| assert_eq!(v.pair_of(k, half), (k / half, k % half), "half {half} k {k}");
                 for k in (0..4096.min(limit as u32)).chain([(limit - 1) as u32]) {
                     check(k);
                 }
@@ -879,9 +1000,17 @@ mod tests {
 
     #[test]
     fn tables_index_rows_of_pairs() {
-        let t = TableView::new([1, 2, 3, 4], 64);
-        assert_eq!((t.entry(0, 5), t.entry(3, 5)), (5, 3 * 64 + 5));
-        assert_eq!(t.addresses(), [1, 2, 3, 4]);
+        let pairs = Pairs::new(64);
+        assert_eq!((pairs.entry(0, 5), pairs.entry(3, 5)), (5, 3 * 64 + 5));
+        assert_eq!(TableView::new([1, 2, 3, 4]).addresses(), [1, 2, 3, 4]);
+        assert_eq!(CallerView::new(1, 2).addresses(), [1, 2]);
+        let sources = [
+            SourceView::Table(TableView::new([1, 2, 3, 4])),
+            SourceView::Computed(ComputedView::new(1, 2, 64, 1.0)),
+            SourceView::Caller(CallerView::new(1, 2)),
+        ];
+        let got = sources.map(|s| s.source());
+        assert_eq!(got, [TableSource::Table, TableSource::Computed, TableSource::Caller]);
     }
 
     /// Qwen2-VL's contiguous bands and Qwen3-VL's interleaved ones, pair by pair, as
@@ -914,10 +1043,9 @@ mod tests {
         assert_eq!(counts(contiguous), [16, 24, 24]);
         assert_eq!(counts(interleaved), [24, 20, 20]);
         // The plain table has no bands: every pair takes stream 0.
-        assert!((0..64).all(|i| TableView::new([0; 4], 64).stream(i) == 0));
+        assert!((0..64).all(|i| Pairs::new(64).stream(i) == 0));
         // One band: lanes inside a contiguous band, never across the interleaving.
-        let (c, il) =
-            (TableView::new([0; 4], 64).with_mrope(contiguous), TableView::new([0; 4], 64).with_mrope(interleaved));
+        let (c, il) = (Pairs::new(64).with_mrope(contiguous), Pairs::new(64).with_mrope(interleaved));
         assert!(c.one_band(16, 23) && c.one_band(32, 39) && !c.one_band(12, 19) && !c.one_band(36, 43));
         assert!(!il.one_band(0, 3) && !il.one_band(60, 63) && il.one_band(5, 5));
     }
