@@ -129,11 +129,15 @@ pub enum Error {
         /// The head dimension.
         head_dim: usize,
     },
-    /// A tensor's element type is not the configuration's (or, on the cudarc API, not the
-    /// other tensors'): build the `Rope` with [`RopeConfig::dtype`](crate::RopeConfig::dtype) of the buffers, or convert them.
-    #[error("dtype {got:?} given, but this Rope was configured for {expected:?}")]
+    /// A tensor's element type is not one this `Rope` takes: its inputs (q, k, v) must be of
+    /// the configuration's type, its outputs and caches of a type a kernel writes from it (so
+    /// far the same): build the `Rope` with [`RopeConfig::dtype`](crate::RopeConfig::dtype) of
+    /// the buffers, or convert them.
+    #[error("{what}: dtype {got:?} given, but this Rope takes {expected:?} there")]
     DType {
-        /// The configured type.
+        /// Which tensor (`"q"`, `"k_out"`, `"v cache"`, …).
+        what: &'static str,
+        /// The type it takes: the configured one.
         expected: crate::DType,
         /// The type given.
         got: crate::DType,

@@ -280,9 +280,10 @@ pub(crate) fn plan_kv(
     debug_assert_eq!(source.source(), spec.tables);
     // The inputs are of the configuration's type; the caches of one a kernel writes from it
     // (checked with the key, below).
-    for t in [args.q.as_ref(), Some(&args.k), Some(&args.v)].into_iter().flatten() {
-        if t.dtype != spec.dtype {
-            return Err(Error::DType { expected: spec.dtype, got: t.dtype });
+    for (what, t) in [("q", args.q.as_ref()), ("k", Some(&args.k)), ("v", Some(&args.v))] {
+        match t {
+            Some(t) if t.dtype != spec.dtype => return Err(Error::DType { what, expected: spec.dtype, got: t.dtype }),
+            _ => {}
         }
     }
     let size = spec.dtype.size();
@@ -427,8 +428,9 @@ pub(crate) fn plan_kv(
         KvKey { style: spec.style, types: params.types(), width, tables: source.source(), mrope: spec.mrope.is_some() };
     if key.entry_point().is_none() {
         // Only the caches' types can be without a kernel: the inputs' are the configuration's.
-        let got = [cache.k.dtype, cache.v.dtype].into_iter().find(|&d| d != spec.dtype).unwrap_or(spec.dtype);
-        return Err(Error::DType { expected: spec.dtype, got });
+        let caches = [("k cache", cache.k.dtype), ("v cache", cache.v.dtype)];
+        let (what, got) = caches.into_iter().find(|&(_, d)| d != spec.dtype).unwrap_or(("k cache", spec.dtype));
+        return Err(Error::DType { what, expected: spec.dtype, got });
     }
     Ok(Some(KvPlan { key, params, geometry, claim }))
 }
@@ -667,15 +669,18 @@ mod tests {
         // Each operand's type: q, k and v the configuration's; the caches one a kernel writes
         // from it (so far only the inputs' own).
         let f16 = |t: RawTensor| RawTensor { dtype: DType::F16, ..t };
-        for bad in [
-            RawKvArgs { q: a.q.map(f16), ..a },
-            RawKvArgs { k: f16(a.k), ..a },
-            RawKvArgs { v: f16(a.v), ..a },
-            RawKvArgs { cache: RawKvCache { k: f16(a.cache.k), ..a.cache }, ..a },
-            RawKvArgs { cache: RawKvCache { v: f16(a.cache.v), ..a.cache }, ..a },
+        for (name, bad) in [
+            ("q", RawKvArgs { q: a.q.map(f16), ..a }),
+            ("k", RawKvArgs { k: f16(a.k), ..a }),
+            ("v", RawKvArgs { v: f16(a.v), ..a }),
+            ("k cache", RawKvArgs { cache: RawKvCache { k: f16(a.cache.k), ..a.cache }, ..a }),
+            ("v cache", RawKvArgs { cache: RawKvCache { v: f16(a.cache.v), ..a.cache }, ..a }),
         ] {
             let e = err(&bad);
-            assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+            assert!(
+                matches!(e, Error::DType { what, expected: DType::BF16, got: DType::F16 } if what == name),
+                "{e:?}"
+            );
         }
         assert_eq!(plan_kv(&spec(), &a).unwrap().unwrap().key.types, KvTypes::uniform(DType::BF16));
         let mut b = a;

@@ -310,9 +310,12 @@ struct Operand {
 pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, errors: ErrorSink) -> Result<Option<Plan>> {
     // The inputs are of the configuration's type; the outputs of one a kernel writes from it
     // (checked with the key, below).
-    for t in [Some(&args.q), args.k.as_ref()].into_iter().flatten() {
-        if t.dtype != config.dtype {
-            return Err(Error::DType { expected: config.dtype, got: t.dtype });
+    for (what, t) in [("q", Some(&args.q)), ("k", args.k.as_ref())] {
+        match t {
+            Some(t) if t.dtype != config.dtype => {
+                return Err(Error::DType { what, expected: config.dtype, got: t.dtype });
+            }
+            _ => {}
         }
     }
     let size = config.dtype.size();
@@ -419,9 +422,10 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     let key = RopeKey { style: config.style, types: params.types(), width, mrope, source: source.source() };
     if key.entry_point().is_none() {
         // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
-        let got = [Some(&args.q), args.q_out.as_ref(), args.k_out.as_ref()].into_iter().flatten();
-        let got = got.map(|t| t.dtype).find(|&d| d != config.dtype).unwrap_or(config.dtype);
-        return Err(Error::DType { expected: config.dtype, got });
+        let outputs = [("q_out", args.q_out.as_ref()), ("k_out", args.k_out.as_ref())];
+        let bad = outputs.into_iter().find_map(|(what, t)| t.filter(|t| t.dtype != config.dtype).map(|t| (what, t)));
+        let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
+        return Err(Error::DType { what, expected: config.dtype, got });
     }
     Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
@@ -608,14 +612,17 @@ mod tests {
         // from it (so far only the inputs' own).
         let f16 = |t: RawTensor| RawTensor { dtype: DType::F16, ..t };
         let oop = |a: RawArgs| RawArgs { q_out: Some(tensor(5 * BASE, a.q.layout)), k_out: a.k, ..a };
-        for bad in [
-            RawArgs { q: f16(args.q), ..args },
-            RawArgs { k: args.k.map(f16), ..args },
-            RawArgs { q_out: Some(f16(tensor(5 * BASE, args.q.layout))), ..oop(args) },
-            RawArgs { k_out: args.k.map(|k| f16(RawTensor { ptr: 6 * BASE, ..k })), ..oop(args) },
+        for (name, bad) in [
+            ("q", RawArgs { q: f16(args.q), ..args }),
+            ("k", RawArgs { k: args.k.map(f16), ..args }),
+            ("q_out", RawArgs { q_out: Some(f16(tensor(5 * BASE, args.q.layout))), ..oop(args) }),
+            ("k_out", RawArgs { k_out: args.k.map(|k| f16(RawTensor { ptr: 6 * BASE, ..k })), ..oop(args) }),
         ] {
             let e = err(&config, &bad);
-            assert!(matches!(e, Error::DType { expected: DType::BF16, got: DType::F16 }), "{e:?}");
+            assert!(
+                matches!(e, Error::DType { what, expected: DType::BF16, got: DType::F16 } if what == name),
+                "{e:?}"
+            );
         }
         let good = oop(args);
         let good = RawArgs { k_out: good.k_out.map(|k| RawTensor { ptr: 6 * BASE, ..k }), ..good };

@@ -483,7 +483,7 @@ fn dtype_must_match_the_configuration() {
     let err = rope
         .apply_in_place(&mut TensorMut::new(&mut q, layout), None, Positions::Sequential, Direction::Forward, &g.stream)
         .unwrap_err();
-    assert!(matches!(err, Error::DType { expected: DType::F16, got: DType::F32 }), "{err:?}");
+    assert!(matches!(err, Error::DType { what: "q", expected: DType::F16, got: DType::F32 }), "{err:?}");
     g.stream.synchronize().unwrap();
     assert!(download_t(&q).iter().all(|&v| v == 0.5));
 }
