@@ -183,7 +183,7 @@ impl Rope {
     ///
     /// # Safety
     /// Each `ptr` is the address of a live device allocation in this `Rope`'s context holding
-    /// at least `len` elements of `args.dtype` (positions: of their kind's integer type), not
+    /// at least `len` elements of its own `dtype` (positions: of their kind's integer type), not
     /// freed or written by others until the work queued on `stream` completes; `stream` is a
     /// valid stream of that context (or null, the legacy default stream).
     ///
