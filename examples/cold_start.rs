@@ -60,17 +60,9 @@ fn main() -> Res<()> {
         let t = Instant::now();
         let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
         let mut q = TensorMut::new(&mut dq, ql);
-        rope.append_kv(
-            KvAppend {
-                q: Some(&mut q),
-                k: &Tensor::new(&dk, kl),
-                v: &Tensor::new(&dv, kl),
-                cache: &mut cache,
-                positions: Positions::IdsI32(&dpos),
-                slots: Some(&dslots),
-            },
-            &stream,
-        )?;
+        let (k, v) = (Tensor::new(&dk, kl), Tensor::new(&dv, kl));
+        let append = KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&dpos)).q(&mut q).slots(&dslots);
+        rope.append_kv(append, &stream)?;
         stream.synchronize()?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
     };

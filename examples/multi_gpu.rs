@@ -132,17 +132,9 @@ fn shard(rank: usize, n: usize, step: &Step, barrier: &dyn Fn()) -> Res<Shard> {
     let launch = |q: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
         let mut cache = KvCache::paged(kc, vc, cl);
         let mut tq = TensorMut::new(q, ql);
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut tq),
-                k: &Tensor::new(&k, kl),
-                v: &Tensor::new(&v, kl),
-                cache: &mut cache,
-                positions: Positions::IdsI32(&pos),
-                slots: Some(&slots),
-            },
-            &stream,
-        )
+        let (k, v) = (Tensor::new(&k, kl), Tensor::new(&v, kl));
+        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&pos)).q(&mut tq).slots(&slots);
+        rope.append_kv(append, &stream)
     };
     // One step on every GPU at once, then gathered.
     barrier();

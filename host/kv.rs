@@ -15,8 +15,8 @@ use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{
-    check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
-    pairs, positions, staged, vector_fits, Core,
+    check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
+    lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
 use crate::rope::Rope;
@@ -463,7 +463,7 @@ pub(crate) fn plan_kv(
 /// ```
 pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
     config.validate()?;
-    let table = detached_table(config.rotary_dim, config.source());
+    let table = detached_source(config.rotary_dim, config.source());
     plan_kv(&KvSpec::of(config), args, table, ErrorSink::default()).map(|_| ())
 }
 
@@ -574,7 +574,7 @@ mod tests {
 
     /// [`super::plan_kv`] without tables or records, as [`validate_append`] plans.
     fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>> {
-        super::plan_kv(spec, args, detached_table(spec.rotary_dim, spec.tables), ErrorSink::default())
+        super::plan_kv(spec, args, detached_source(spec.rotary_dim, spec.tables), ErrorSink::default())
     }
 
     const BASE: u64 = 1 << 28;

@@ -169,7 +169,7 @@ pub(crate) fn lanes(vector: bool, style: RopeStyle, rotary_dim: usize, e: usize)
 }
 
 /// A source view without addresses, for planning a launch without a GPU (`validate`, tests).
-pub(crate) fn detached_table(rotary_dim: usize, source: TableSource) -> SourceView {
+pub(crate) fn detached_source(rotary_dim: usize, source: TableSource) -> SourceView {
     match source {
         TableSource::Table => SourceView::Table(TableView::new([0; 4])),
         TableSource::Computed => SourceView::Computed(ComputedView::new(0, 0, (rotary_dim / 2) as u32, 1.0)),

@@ -14,8 +14,8 @@ use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::launch::{
-    check_axis, check_disjoint, check_u32, check_view, check_written, detached_table, flat_geometry, heads_view, lanes,
-    pairs, positions, staged, vector_fits, Core,
+    check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
+    lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::table::RopeTable;
 use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
@@ -283,7 +283,7 @@ impl Rope {
 /// ```
 pub fn validate(config: &RopeConfig, args: &RawArgs) -> Result<()> {
     config.validate()?;
-    let table = detached_table(config.rotary_dim, config.source());
+    let table = detached_source(config.rotary_dim, config.source());
     plan(config, args, table, ErrorSink::default()).map(|_| ())
 }
 
@@ -457,7 +457,7 @@ mod tests {
 
     /// [`super::plan`] without a table or records, as [`validate`] plans.
     fn plan(config: &RopeConfig, args: &RawArgs) -> Result<Option<Plan>> {
-        super::plan(config, args, detached_table(config.rotary_dim, config.source()), ErrorSink::default())
+        super::plan(config, args, detached_source(config.rotary_dim, config.source()), ErrorSink::default())
     }
 
     const BASE: u64 = 1 << 20;

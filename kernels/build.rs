@@ -91,38 +91,50 @@ fn size(t: &str) -> usize {
     }
 }
 
+type Types = (&'static str, &'static str, &'static str);
+
+/// Every (width, position rows, source) of `widths` with the library's sources, in the
+/// list's order.
+fn variants(widths: &'static [Value]) -> impl Iterator<Item = (&'static Value, &'static Value, &'static Value)> {
+    widths.iter().flat_map(|w| ROWS.iter().flat_map(move |r| SOURCES.iter().map(move |s| (w, r, s))))
+}
+
+fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source): (&Value, &Value, &Value)) {
+    let name = format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.name);
+    let access = io(width.ty, style.ty, types.1, types.2);
+    let g = match width.ty {
+        "v" => format!(
+            "{{ heads_per_thread(true, {}, {}, {}) as usize }}",
+            style.ty == "NeoX",
+            size(elem(types.1)),
+            source.ty == "Computed"
+        ),
+        _ => "1".into(),
+    };
+    writeln!(
+        out,
+        "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {} }} [{}, {access}, {}, {}, {g}];",
+        style.key,
+        rope_types(types),
+        width.key,
+        rows.key,
+        source.key,
+        style.ty,
+        source.ty,
+        rows.ty
+    )
+    .unwrap();
+}
+
 fn rope_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES {
-            for width in &ROPE_WIDTHS {
-                for rows in &ROWS {
-                    for source in &SOURCES {
-                        let name =
-                            format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.name);
-                        let access = io(width.ty, style.ty, types.1, types.2);
-                        let g = match width.ty {
-                            "v" => format!(
-                                "{{ heads_per_thread(true, {}, {}, {}) as usize }}",
-                                style.ty == "NeoX",
-                                size(elem(types.1)),
-                                source.ty == "Computed"
-                            ),
-                            _ => "1".into(),
-                        };
-                        writeln!(
-                            out,
-                            "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {} }} [{}, {access}, {}, {}, {g}];",
-                            style.key, rope_types(types), width.key, rows.key, source.key, style.ty, source.ty, rows.ty
-                        )
-                        .unwrap();
-                    }
-                }
+            for variant in variants(&ROPE_WIDTHS) {
+                rope_row(out, style, types, variant);
             }
         }
     }
 }
-
-type Types = (&'static str, &'static str, &'static str);
 
 fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: (&str, &str, &str)) {
     let name = format!("kv_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.0);
@@ -143,12 +155,8 @@ fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &V
 fn kv_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES {
-            for width in &KV_WIDTHS {
-                for rows in &ROWS {
-                    for source in &SOURCES {
-                        kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
-                    }
-                }
+            for (width, rows, source) in variants(&KV_WIDTHS) {
+                kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
             }
             if style.ty == "GptJ" {
                 // The caller's tables, in the inputs' type (f32: its own table type).

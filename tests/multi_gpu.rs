@@ -48,18 +48,9 @@ fn step_on_current_device(kernels: &std::sync::Arc<Kernels>, seed: u64) {
         let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 16, hk, d));
         let mut tq = TensorMut::new(&mut q, Layout::bshd(t, 1, hq, d));
         let l = Layout::bshd(t, 1, hk, d);
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut tq),
-                k: &Tensor::new(&k, l),
-                v: &Tensor::new(&v, l),
-                cache: &mut cache,
-                positions: Positions::IdsI32(&pos),
-                slots: Some(&slots),
-            },
-            &stream,
-        )
-        .unwrap();
+        let (k, v) = (Tensor::new(&k, l), Tensor::new(&v, l));
+        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&pos)).q(&mut tq).slots(&slots);
+        rope.append_kv(append, &stream).unwrap();
     }
     rope.check_errors(&stream).unwrap();
     let get = |b: &DeviceBuffer<bf16>| {
