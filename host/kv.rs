@@ -7,7 +7,7 @@ use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
-use rope_cuda_kernels::params::{groups, kv_heads_per_thread, FastDiv, KvParams};
+use rope_cuda_kernels::params::{groups, kv_heads_per_thread, kv_segments, lane_slots, FastDiv, KvParams};
 use rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS;
 use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, SourceView};
 
@@ -392,8 +392,9 @@ pub(crate) fn plan_kv(
         _ => 1,
     };
     let (k_lanes, v_lanes) = (rot_lanes + (hd - rot) / cw, hd / cw);
-    let work = groups(q_heads as u32, g) as u64 * rot_lanes as u64
-        + groups(kv_heads as u32, g) as u64 * (k_lanes + v_lanes) as u64;
+    let lane_counts = [rot_lanes, k_lanes, v_lanes].map(|l| l as u64);
+    let (k_start, v_start, work) =
+        kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
     let Some((geometry, chunk)) = flat_geometry(tokens as u32, work)? else { return Ok(None) };
 
     let strides = cl.strides.map(|s| s as u64);
@@ -422,7 +423,9 @@ pub(crate) fn plan_kv(
         chunk,
         items_div: FastDiv::new(work as u32),
         seq_div: FastDiv::new(seq as u32),
-        lanes_div: [rot_lanes, k_lanes, v_lanes].map(|l| FastDiv::new(l as u32)),
+        lanes_div: lane_counts.map(|l| FastDiv::new(lane_slots(l) as u32)),
+        // Below `work`, checked below 2^31 by `flat_geometry`.
+        starts: [k_start as u32, v_start as u32],
     };
     let key =
         KvKey { style: spec.style, types: params.types(), width, tables: source.source(), mrope: spec.mrope.is_some() };
@@ -764,6 +767,38 @@ mod tests {
         let p = call(KV_PREFILL_MAX_TOKENS + 1);
         assert!(p.claim);
         assert_eq!(p.key.width, KvWidth::Vector);
+    }
+
+    /// The KV mapping's segments: the q, k and v groups in order, each group's slots inside
+    /// one warp (whole warps past 32 lanes) wherever the token starts, every item once.
+    #[test]
+    fn kv_segments_keep_each_group_in_one_warp() {
+        for gq in [0u64, 1, 3, 4, 32] {
+            for gk in [1u64, 2, 5, 8] {
+                for lanes in [[8u64, 8, 8], [4, 12, 16], [5, 6, 10], [1, 1, 2], [3, 40, 64], [16, 16, 32]] {
+                    let (k_start, v_start, items) = kv_segments(gq, gk, lanes);
+                    let slots = lanes.map(lane_slots);
+                    assert!(gq * slots[0] <= k_start && k_start + gk * slots[1] <= v_start);
+                    assert!(v_start + gk * slots[2] <= items);
+                    for (start, n, i) in [(0, gq, 0), (k_start, gk, 1), (v_start, gk, 2)] {
+                        for token in 0..5 {
+                            for group in 0..n {
+                                let first = token * items + start + group * slots[i];
+                                let last = first + lanes[i] - 1;
+                                if slots[i] <= 32 {
+                                    assert_eq!(first / 32, last / 32, "{gq} {gk} {lanes:?}: segment {i}");
+                                } else {
+                                    assert_eq!(first % 32, 0, "{gq} {gk} {lanes:?}: segment {i}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Lanes already powers of two, segments already aligned: nothing added (the decode
+        // step's 32/8 heads of 8 lanes).
+        assert_eq!(kv_segments(32, 8, [8, 8, 8]), (256, 320, 384));
     }
 
     /// Every key the planners can make names an entry point of the kernel list: RoPE at every

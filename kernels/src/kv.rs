@@ -4,11 +4,10 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
-use crate::params::SharedLayout;
-use crate::params::{groups, work_item, KvParams};
-use crate::rotate::{BlockRows, Entries, PairRows, Rows, Source, Style, Table};
+use crate::params::{work_item, KvParams};
+use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
-use crate::views::{Duplicates, HeadsView, SlotOf};
+use crate::views::{ComputedView, Duplicates, HeadsView, SlotOf};
 
 /// The launch's table for a token whose block row (library's source) is `row`; KV appends
 /// always rotate forward.
@@ -236,9 +235,10 @@ pub(crate) unsafe fn kv_append<
     p: &KvParams,
 ) {
     const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
-    let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
-    let (qi, ki, vi) = (gq * p.rot_lanes, gk * p.k_lanes, gk * p.v_lanes);
-    let items = qi + ki + vi;
+    // The q groups, then the k and v groups from `starts`, each on slots inside one warp
+    // (`kv_segments`, computed by the host).
+    let [k_start, v_start] = p.starts;
+    let items = p.items_div.divisor;
     // SAFETY: the host never launches without work or with `seq == 0` or zero lanes.
     unsafe {
         core::hint::assert_unchecked(items != 0);
@@ -248,8 +248,6 @@ pub(crate) unsafe fn kv_append<
         core::hint::assert_unchecked(p.v_lanes != 0);
         core::hint::assert_unchecked(p.cache.block_size() != 0);
         core::hint::assert_unchecked(p.chunk != 0);
-        // The host divides by the items per token with `items_div`.
-        core::hint::assert_unchecked(p.items_div.divisor == items);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, p.items_div, p.chunk, p.tokens);
     let shared = SCAN && p.owners.mode() == Duplicates::Scan;
@@ -258,7 +256,7 @@ pub(crate) unsafe fn kv_append<
     let (b, s) = p.seq_div.divmod(t);
     let (b, s) = (b as u64, s as u64);
     let half = p.pairs.half() as usize;
-    let (is_q, is_k) = (w < qi, w >= qi && w < qi + ki);
+    let (is_q, is_k) = (w < k_start, w >= k_start && w < v_start);
     // Chosen by value: a reference into one of three views would put the parameters in
     // local memory.
     let pick = |f: &dyn Fn(&HeadsView) -> u64| {
@@ -271,16 +269,18 @@ pub(crate) unsafe fn kv_append<
         }
     };
     let (input, strides) = (pick(&|v| v.input), [0, 1, 2].map(|i| pick(&|v| v.in_strides[i])));
-    let (heads, lanes, w) = if is_q {
-        (p.q.heads, p.lanes_div[0], w)
+    let (heads, lanes, slots, w) = if is_q {
+        (p.q.heads, p.rot_lanes, p.lanes_div[0], w)
     } else if is_k {
-        (p.k.heads, p.lanes_div[1], w - qi)
+        (p.k.heads, p.k_lanes, p.lanes_div[1], w - k_start)
     } else {
-        (p.v.heads, p.lanes_div[2], w - qi - ki)
+        (p.v.heads, p.v_lanes, p.lanes_div[2], w - v_start)
     };
-    let (group, lane) = lanes.divmod(w);
-    let lane = lane as usize;
+    let (group, lane) = slots.divmod(w);
     let h0 = (group * G as u32) as u64;
+    // Idle: a slot past its group's lanes, or between the segments (past the last group).
+    let item = item.filter(|_| lane < lanes && h0 < heads as u64);
+    let lane = lane as usize;
     let count = (heads.saturating_sub(h0 as u32)).min(G as u32) as usize;
     let offset = b * strides[0] + s * strides[1] + h0 * strides[2];
     let src = (input as *const u8).wrapping_add(offset as usize * R::SIZE);
@@ -307,98 +307,79 @@ pub(crate) unsafe fn kv_append<
     let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
     // The kernels that fill block rows without scanning load after the rows
     // (`KV_LOADS_AFTER_FILL`).
-    let late = KV_LOADS_AFTER_FILL && B::BLOCK_ROWS && !shared;
+    let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared;
     let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
-    let report = (w == 0 && (is_q || (qi == 0 && is_k)), w == 0 && is_k);
+    let report = (w == 0 && (is_q || (k_start == 0 && is_k)), w == 0 && is_k);
     let mut entries = Entries::<P>::none();
-    // Computed cos and sin: the block's rows in shared memory, after the scan's arrays when
-    // it scans, then the staged angle table ([`KvParams::shared`]). Read only by the
-    // computing kernels, whose launches' source is computed.
-    let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
-    // SAFETY: called only where `B::BLOCK_ROWS` (the computed source).
-    let view = || unsafe { p.source.computed_unchecked() };
-    let at = |part: fn(&SharedLayout) -> u32| {
-        base.wrapping_add(part(&p.shared(block_dim().0, shared, Some(view()))) as usize)
+    // The block's prologue (computed source: the block's cos and sin in shared memory, after
+    // the scan's arrays when it scans, then the staged angle table: [`KvParams::shared`]).
+    let inputs = BlockInputs {
+        can_stage: SCAN,
+        tokens: block_tokens(p),
+        source: &p.source,
+        pairs: &p.pairs,
+        positions: &p.positions,
+        divmod: |t| p.seq_div.divmod(t),
+        base: core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>(),
+        layout: |view: &ComputedView| p.shared(block_dim().0, shared, Some(view)),
     };
-    let divmod = |t| p.seq_div.divmod(t);
-    let block = block_tokens(p);
-    // SAFETY: the host gives the library's kernels `KvParams::shared` of shared memory, the
-    // positions buffer holds every token's entry, and the frequencies `half` pairs; every
-    // thread of the block calls these (none has returned).
-    let start = || unsafe {
-        let start = BlockRows::start::<P>(SCAN, block, view(), &p.pairs, &p.positions, divmod);
-        BlockRows::stage(SCAN, &start, view(), at(|l| l.angles));
-        start
-    };
-    // SAFETY: as above; after `start`'s stores and a barrier when staged.
-    let fill = |start| unsafe {
-        let (rows, angles) = (at(|l| l.rows) as *mut f32, at(|l| l.angles));
-        BlockRows::fill::<P>(SCAN, rows, start, block, view(), &p.pairs, &p.positions, divmod, angles)
-    };
-    let mut block_rows = None;
-    let target = if shared {
-        // The scan's loads first; then the block's cos and sin (or, from the caller's tables,
-        // the rotating items' entries), computed between the scan's barriers.
+    let (block_rows, target) = if shared {
+        // The scan's loads first; then the prologue between the scan's barriers (or, from the
+        // caller's tables, the rotating items' entries before the scan).
         // SAFETY: the host checked the positions' and slot mapping's lengths.
         let loaded = unsafe { scan_loads::<P>(p) };
-        let scan = if B::BLOCK_ROWS {
-            let start = start();
-            // SAFETY: every thread of the block reaches the scan (none has returned), with the
-            // shared memory the host gave the scanning kernels; the staged table's stores go
-            // before its first barrier, the rows are read after its second.
-            let (scan, rows) = unsafe { block_scan::<P, _>(p, loaded, || fill(start)) };
-            block_rows = Some(rows);
-            scan
-        } else {
-            if item.is_some() && rotating {
-                // SAFETY: `t` is a token of the launch.
-                let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
-                if let Some(pos) = p.positions.check(own) {
-                    // SAFETY: the positions view admits only rows of the table; `pos` passed
-                    // its check.
-                    entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0)) };
-                }
+        if !B::Prologue::BARRIERS && item.is_some() && rotating {
+            // SAFETY: `t` is a token of the launch.
+            let own = unsafe { P::load(&p.positions, t, b as u32, s as u32) };
+            if let Some(pos) = p.positions.check(own) {
+                // SAFETY: the positions view admits only rows of the table; `pos` passed its
+                // check.
+                entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, 0)) };
             }
-            // SAFETY: as above.
-            unsafe { block_scan::<P, _>(p, loaded, || ()) }.0
+        }
+        // SAFETY: the host gives the scanning kernels `KvParams::shared` of shared memory,
+        // the positions buffer holds every token's entry, and the frequencies `half` pairs;
+        // every thread of the block reaches the prologue and the scan (none has returned); the
+        // prologue's first stores go before the scan's first barrier, its rows are read after
+        // the second.
+        let (scan, rows) = unsafe {
+            let start = B::Prologue::start::<P, _, _>(&inputs);
+            block_scan::<P, _>(p, loaded, || B::Prologue::fill::<P, _, _>(&inputs, start, false))
         };
         if item.is_none() {
             return;
         }
         // SAFETY: `t` is one of the block's tokens.
-        unsafe { shared_target(p, &scan, t, !is_q, report) }
+        (rows, unsafe { shared_target(p, &scan, t, !is_q, report) })
     } else {
-        if B::BLOCK_ROWS {
-            let start = start();
-            if SCAN && view().staged() {
-                // SAFETY: every thread of the block is here (none has returned).
-                unsafe { sync_threads() };
-            }
-            block_rows = Some(fill(start));
-            // SAFETY: as above.
-            unsafe { sync_threads() };
-        }
+        // SAFETY: as above, with the shared memory the host gives the kernels that do not
+        // scan; the prologue holds its own barriers.
+        let rows = unsafe {
+            let start = B::Prologue::start::<P, _, _>(&inputs);
+            B::Prologue::fill::<P, _, _>(&inputs, start, true)
+        };
         if item.is_none() {
             return;
         }
         // SAFETY: `t` is a token of the launch; `errors` points at this launch's records.
-        unsafe {
+        let target = unsafe {
             let raw_slot = if is_q { 0 } else { p.cache.raw_slot(t) };
             let raw_pos = P::load(&p.positions, t, b as u32, s as u32);
             match is_q {
                 true => checked(p, t, raw_pos, report.0).map(|pos| (pos, 0)),
                 false => settle(p, t, raw_pos, raw_slot, report),
             }
-        }
+        };
+        (rows, target)
     };
     let Some((pos, n)) = target else { return };
     let (first, first_copy) = if late { (load_first(), load_copy()) } else { (first, first_copy) };
     // SAFETY: as computed above.
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
-    let row = block_rows.map_or(0, |r| r.row(t));
-    if rotating && (B::BLOCK_ROWS || !shared) {
+    let row = B::Prologue::row(block_rows, t);
+    if rotating && (B::Prologue::BARRIERS || !shared) {
         // Without the scan the caller's table loads overlap the owner check.
         // SAFETY: the positions view admits only rows of the table; `pos` passed its check;
         // the block's rows were filled before a barrier.

@@ -2,10 +2,10 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::mem::sync_threads;
 use crate::params::{block_tokens, groups, work_item, RopeParams};
-use crate::rotate::{BlockRows, PairRows, Rows, Source, Style, Table};
+use crate::rotate::{BlockInputs, PairRows, Prologue, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
+use crate::views::ComputedView;
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` loads the rotating lanes
 /// and `W` stores them (q's and k's input and output types), `C` and `D` likewise for the
@@ -19,8 +19,8 @@ use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 /// the table and its buffer holds every token's entry, that the table holds `half` pairs per
 /// row, that addresses are aligned for `R` and `C`, that the geometry was made with this
 /// kernel's `G`, and that there is work (`seq`, lanes and heads not zero); with
-/// [`Source::BLOCK_ROWS`], that the launch has [`RopeParams::shared`] of dynamic shared
-/// memory.
+/// a prologue's barriers ([`Prologue::BARRIERS`]), that the launch has [`RopeParams::shared`]
+/// of dynamic shared memory.
 #[inline(always)]
 pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: PairRows, const G: usize>(
     p: &RopeParams,
@@ -37,10 +37,10 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         core::hint::assert_unchecked(p.seq != 0);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
-    if !B::BLOCK_ROWS && item.is_none() {
+    if !B::Prologue::BARRIERS && item.is_none() {
         return;
     }
-    // Threads past the end still take part in the block's rows and their barrier.
+    // Threads past the end still take part in the block's prologue.
     let (token, work) = item.unwrap_or((0, 0));
     let (b, s) = (token / p.seq, token % p.seq);
     let (group, lane) = (work / lanes, work % lanes);
@@ -75,32 +75,28 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
     // SAFETY: a copying lane's elements lie past the rotary dims, inside the row.
     let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
     // 16-bit kernels load before the rows, f32 ones after (see the constant's reasons).
-    let early = !B::BLOCK_ROWS || (ROPE_16BIT_LOADS_BEFORE_FILL && R::SIZE == 2);
+    let early = !B::Prologue::BARRIERS || (ROPE_16BIT_LOADS_BEFORE_FILL && R::SIZE == 2);
     let (first, first_copy) = if early { (load_first(), load_copy()) } else { ([[0; 4]; 2], [0; 4]) };
-    // The block's cos and sin, computed once per token and pair while those loads are in
-    // flight.
-    let block = block_tokens(block_idx(), block_dim().0, items, p.chunk, p.tokens);
-    let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    // Only the one-head kernels (the launches of few tokens) stage the angle table.
-    let stage = G == 1;
+    // The block's cos and sin (computed source), computed once per token and pair while
+    // those loads are in flight; only the one-head kernels (the launches of few tokens) stage
+    // the angle table.
+    let inputs = BlockInputs {
+        can_stage: G == 1,
+        tokens: block_tokens(block_idx(), block_dim().0, items, p.chunk, p.tokens),
+        source: &p.source,
+        pairs: &p.pairs,
+        positions: &p.positions,
+        divmod: |t| (t / p.seq, t % p.seq),
+        base: core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>(),
+        layout: |view: &ComputedView| p.shared(block_dim().0, items, Some(view)),
+    };
     // SAFETY: the host gives every computing launch `RopeParams::shared` of shared memory
     // (16-byte aligned), the positions buffer holds every token's entry, and the frequencies
-    // `half` pairs; every thread of the block is here; the launch's source is computed.
-    let block_rows = B::BLOCK_ROWS.then(|| unsafe {
-        let view = p.source.computed_unchecked();
-        let divmod = |t| (t / p.seq, t % p.seq);
-        let start = BlockRows::start::<P>(stage, block, view, &p.pairs, &p.positions, divmod);
-        // The staged angle table after the rows.
-        let layout = p.shared(block_dim().0, items, Some(view));
-        let angles_at = (base as *mut u8).wrapping_add(layout.angles as usize);
-        if stage && view.staged() {
-            BlockRows::stage(stage, &start, view, angles_at);
-            sync_threads();
-        }
-        let r = BlockRows::fill::<P>(stage, base, start, block, view, &p.pairs, &p.positions, divmod, angles_at);
-        sync_threads();
-        r
-    });
+    // `half` pairs; every thread of the block is here; the launch's source is the kernel's.
+    let block_rows = unsafe {
+        let start = B::Prologue::start::<P, _, _>(&inputs);
+        B::Prologue::fill::<P, _, _>(&inputs, start, true)
+    };
     if item.is_none() {
         return;
     }
@@ -116,7 +112,7 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         return;
     };
     if rotating {
-        let row = block_rows.map_or(0, |r| r.row(token));
+        let row = B::Prologue::row(block_rows, token);
         let table = Table { src: &p.source, pairs: &p.pairs, sin_sign: p.sin_sign, row };
         // SAFETY: the positions view admits only rows of the table, and `pos` passed its
         // check; the rest as above.

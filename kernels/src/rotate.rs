@@ -8,7 +8,8 @@ use crate::gpu::{
     Bits, Elem, Io, Lane,
 };
 use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at, ANGLE_STEPS};
-use crate::params::row_stride;
+use crate::mem::sync_threads;
+use crate::params::{row_stride, SharedLayout};
 use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
@@ -116,9 +117,11 @@ pub(crate) struct Table<'a> {
 /// frequency ([`Computed`], the library's), or read from a caller's tables ([`F32Table`],
 /// [`ElemTable`], the reference update's).
 pub(crate) trait Source {
-    /// Whether the kernel computes the block's cos and sin into shared memory first
-    /// ([`BlockRows::fill`]) and reads them from there ([`Table::row`]).
-    const BLOCK_ROWS: bool;
+    /// What every thread of a block runs before its own work, for this source.
+    type Prologue: Prologue;
+    /// Whether the kernel computes the block's cos and sin into shared memory first (its
+    /// prologue, [`BlockRows`]) and reads them from there ([`Table::row`]).
+    const BLOCK_ROWS: bool = <Self::Prologue as Prologue>::BARRIERS;
     /// The cos and sin (the attention factor in, the direction's sign not) of pairs
     /// `i..i + n` of a token whose rows are `rows`: the fast values.
     ///
@@ -134,6 +137,140 @@ pub(crate) trait Source {
     /// # Safety
     /// As [`Source::load`], for pair `i`.
     unsafe fn exact(p: Table<'_>, i: usize, at: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32));
+}
+
+/// What a block's [`Prologue`] reads: the block's tokens, the launch's views, and its dynamic
+/// shared memory.
+pub(crate) struct BlockInputs<'a, F, L> {
+    /// Whether the kernel may stage the angle table (a constant of the kernel: its launches
+    /// of few tokens).
+    pub can_stage: bool,
+    /// The block's first token and number of tokens ([`crate::params::block_tokens`]).
+    pub tokens: (u32, u32),
+    /// The launch's source of cos and sin.
+    pub source: &'a SourceView,
+    /// The pairs rotated.
+    pub pairs: &'a Pairs,
+    /// The tokens' positions.
+    pub positions: &'a PositionsView,
+    /// Token `t`'s (batch, sequence index).
+    pub divmod: F,
+    /// The block's dynamic shared memory.
+    pub base: *mut u8,
+    /// Its layout for a computed source ([`SharedLayout`], as the host sized it).
+    pub layout: L,
+}
+
+/// The part of a source of cos and sin that every thread of a block runs before its own
+/// work, in two halves so that a kernel can put other block-wide work between them (the KV
+/// append's duplicate scan): the computed source's rows of the block's cos and sin in shared
+/// memory ([`BlockRows`]); nothing for tables ([`NoPrologue`]).
+pub(crate) trait Prologue {
+    /// Whether it holds barriers and shared memory: every thread of the block runs it, idle
+    /// or not.
+    const BARRIERS: bool;
+    /// What [`Prologue::start`] leaves for [`Prologue::fill`].
+    type Start;
+    /// What it leaves for the block's threads: where each token's cos and sin are
+    /// ([`Prologue::row`]).
+    type Rows: Copy;
+    /// Issues this thread's loads and its first stores (call it after the loads that should
+    /// go first).
+    ///
+    /// # Safety
+    /// Every thread of the block calls it; the launch's source is this prologue's; with
+    /// [`Prologue::BARRIERS`] the launch has `layout`'s dynamic shared memory, 16-byte aligned,
+    /// the positions buffer holds the block's tokens' entries and the source's arrays their
+    /// pairs.
+    unsafe fn start<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        b: &BlockInputs<'_, F, L>,
+    ) -> Self::Start;
+    /// Completes the prologue. With `barriers` it holds its own barriers (after the first
+    /// half's stores, after its own); without, the caller puts a barrier between the two
+    /// halves and one after this.
+    ///
+    /// # Safety
+    /// As [`Prologue::start`], whose result this thread passes.
+    unsafe fn fill<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        b: &BlockInputs<'_, F, L>,
+        start: Self::Start,
+        barriers: bool,
+    ) -> Self::Rows;
+    /// Token `token`'s row (one of the block's), for [`Table::row`].
+    fn row(rows: Self::Rows, token: u32) -> u32;
+}
+
+/// The tables' prologue: nothing.
+pub(crate) struct NoPrologue;
+
+impl Prologue for NoPrologue {
+    const BARRIERS: bool = false;
+    type Start = ();
+    type Rows = ();
+    #[inline(always)]
+    unsafe fn start<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        _: &BlockInputs<'_, F, L>,
+    ) {
+    }
+    #[inline(always)]
+    unsafe fn fill<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        _: &BlockInputs<'_, F, L>,
+        _: (),
+        _: bool,
+    ) {
+    }
+    #[inline(always)]
+    fn row(_: (), _: u32) -> u32 {
+        0
+    }
+}
+
+impl Prologue for BlockRows {
+    const BARRIERS: bool = true;
+    type Start = FillStart;
+    type Rows = BlockRows;
+    #[inline(always)]
+    unsafe fn start<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        b: &BlockInputs<'_, F, L>,
+    ) -> FillStart {
+        // SAFETY: the trait method's contract: the launch's source is computed, with its
+        // shared memory.
+        unsafe {
+            let view = b.source.computed_unchecked();
+            let start = BlockRows::start::<P>(b.can_stage, b.tokens, view, b.pairs, b.positions, &b.divmod);
+            let angles = b.base.wrapping_add((b.layout)(view).angles as usize);
+            BlockRows::stage(b.can_stage, &start, view, angles);
+            start
+        }
+    }
+    #[inline(always)]
+    unsafe fn fill<P: PairRows, F: Fn(u32) -> (u32, u32), L: Fn(&ComputedView) -> SharedLayout>(
+        b: &BlockInputs<'_, F, L>,
+        start: FillStart,
+        barriers: bool,
+    ) -> BlockRows {
+        // SAFETY: the trait method's contract; every thread of the block is here, after its
+        // `start` (whose staged stores the first barrier orders before the fill's reads).
+        unsafe {
+            let view = b.source.computed_unchecked();
+            let layout = (b.layout)(view);
+            if barriers && b.can_stage && view.staged() {
+                sync_threads();
+            }
+            let (rows, angles) =
+                (b.base.wrapping_add(layout.rows as usize) as *mut f32, b.base.wrapping_add(layout.angles as usize));
+            let r =
+                BlockRows::fill::<P>(b.can_stage, rows, start, b.tokens, view, b.pairs, b.positions, &b.divmod, angles);
+            if barriers {
+                sync_threads();
+            }
+            r
+        }
+    }
+    #[inline(always)]
+    fn row(rows: BlockRows, token: u32) -> u32 {
+        rows.row(token)
+    }
 }
 
 /// The library's source: cos and sin of `position x inv_freq` computed in the kernel from each
@@ -190,7 +327,7 @@ unsafe fn f32_entries<P: PairRows>(cos_sin: [u64; 2], p: Table<'_>, rows: P, i: 
 }
 
 impl Source for F32Table {
-    const BLOCK_ROWS: bool = false;
+    type Prologue = NoPrologue;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
         // SAFETY: the trait method's contract (the launch's source is the caller's tables).
@@ -203,7 +340,7 @@ impl Source for F32Table {
 }
 
 impl Source for LibTable {
-    const BLOCK_ROWS: bool = false;
+    type Prologue = NoPrologue;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
         // SAFETY: the trait method's contract (the launch's source is the library's table).
@@ -225,7 +362,7 @@ impl Source for LibTable {
 }
 
 impl<T: Elem> Source for ElemTable<T> {
-    const BLOCK_ROWS: bool = false;
+    type Prologue = NoPrologue;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
         // SAFETY: the trait method's contract (the launch's source is the caller's tables).
@@ -260,7 +397,7 @@ unsafe fn turns_of_pair<P: PairRows>(view: &ComputedView, pairs: &Pairs, rows: P
 }
 
 impl Source for Computed {
-    const BLOCK_ROWS: bool = true;
+    type Prologue = BlockRows;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, _: P, i: usize, n: usize) -> (Lane, Lane) {
         let stride = row_stride(p.pairs.half()) as usize;
