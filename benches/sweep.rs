@@ -28,7 +28,7 @@ use rope_cuda::bench::{copy_d2d, empty, time_after, time_device, time_op, Timing
 use rope_cuda::reference::splitmix64;
 use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    DType, Direction, Element, Kernels, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    DType, Element, Kernels, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 type Res<T> = Result<T, Box<dyn StdError>>;
@@ -131,8 +131,8 @@ fn rope_points<T: Element + DeviceCopy>(
         measure(points, stream, flush, &name, tokens, bytes, || {
             let mut tq = TensorMut::new(&mut q, Layout::bshd(1, tokens, HQ, D));
             let mut tk = TensorMut::new(&mut k, Layout::bshd(1, tokens, HK, D));
-            let k = (!q_only).then_some(&mut tk);
-            rope.apply_in_place(&mut tq, k, Positions::IdsI32(&pos), Direction::Forward, stream)
+            let args = RopeArgs::in_place(&mut tq, Positions::ids_i32(&pos));
+            rope.apply(if q_only { args } else { args.k(&mut tk) }, stream)
         })?;
     }
     Ok(())
@@ -196,12 +196,14 @@ fn append_points(
             } else {
                 KvCache::contiguous(&mut kc, &mut vc, layout)
             };
-            let slots = paged.then_some(&*dslots);
-            let q = with_q.then_some(&mut tq);
-            rope.append_kv(
-                rope_cuda::KvAppend { q, k: &tk, v: &tv, cache: &mut c, positions: Positions::IdsI32(&dpos), slots },
-                stream,
-            )
+            let mut args = rope_cuda::KvAppend::new(&tk, &tv, &mut c, Positions::ids_i32(&dpos));
+            if paged {
+                args = args.slots(&dslots);
+            }
+            if with_q {
+                args = args.q(&mut tq);
+            }
+            rope.append_kv(args, stream)
         })?;
     }
     Ok(())

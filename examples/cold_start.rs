@@ -61,7 +61,7 @@ fn main() -> Res<()> {
         let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
         let mut q = TensorMut::new(&mut dq, ql);
         let (k, v) = (Tensor::new(&dk, kl), Tensor::new(&dv, kl));
-        let append = KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&dpos)).q(&mut q).slots(&dslots);
+        let append = KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&dpos)).q(&mut q).slots(&dslots);
         rope.append_kv(append, &stream)?;
         stream.synchronize()?;
         Ok(t.elapsed().as_secs_f64() * 1e3)

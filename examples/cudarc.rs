@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use cudarc::driver::CudaContext;
 use half::bf16;
-use rope_cuda::cudarc::{load, Append, KvCache, Positions, Slots, View, ViewMut};
+use rope_cuda::cudarc::load;
 use rope_cuda::reference::{rope_row_freqs, splitmix64, uniform, RefElem};
-use rope_cuda::{DType, Direction, Layout, Rope, RopeConfig};
+use rope_cuda::{DType, Direction, KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -58,17 +58,18 @@ fn run() -> Res<bool> {
     let (dpos, dslots) = (stream.clone_htod(&positions)?, stream.clone_htod(&slots)?);
     let start = Instant::now();
     {
-        let mut qv = ViewMut::new(&mut dq, Layout::packed(seqs, hq, d), &stream);
+        // Each cudarc buffer is lent with the stream the work goes on.
+        let mut qv = TensorMut::new((&mut dq, &stream), Layout::packed(seqs, hq, d));
         let (kv, vv) = (
-            View::new(&dk, Layout::packed(seqs, hk, d), &stream),
-            View::new(&dv, Layout::packed(seqs, hk, d), &stream),
+            Tensor::new((&dk, &stream), Layout::packed(seqs, hk, d)),
+            Tensor::new((&dv, &stream), Layout::packed(seqs, hk, d)),
         );
-        let mut cache = KvCache::paged(&mut dkc, &mut dvc, Layout::bshd(blocks, bs, hk, d), &stream);
-        let (pos, slots) = (Positions::ids_i64(&dpos, &stream), Slots::new(&dslots, &stream));
-        let args = Append { q: Some(&mut qv), k: &kv, v: &vv, cache: &mut cache, positions: &pos, slots: Some(&slots) };
-        rope.append_kv_cudarc(args, &stream)?;
+        let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), Layout::bshd(blocks, bs, hk, d));
+        let pos = Positions::ids_i64((&dpos, &stream));
+        let args = KvAppend::new(&kv, &vv, &mut cache, pos).q(&mut qv).slots((&dslots, &stream));
+        rope.append_kv(args, &stream)?;
     }
-    rope.check_errors_cudarc(&stream)?;
+    rope.check_errors(&stream)?;
     let elapsed = start.elapsed();
     let (gq, gkc, gvc) =
         (from2(stream.clone_dtoh(&dq)?), from2(stream.clone_dtoh(&dkc)?), from2(stream.clone_dtoh(&dvc)?));

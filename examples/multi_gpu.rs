@@ -133,7 +133,7 @@ fn shard(rank: usize, n: usize, step: &Step, barrier: &dyn Fn()) -> Res<Shard> {
         let mut cache = KvCache::paged(kc, vc, cl);
         let mut tq = TensorMut::new(q, ql);
         let (k, v) = (Tensor::new(&k, kl), Tensor::new(&v, kl));
-        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&pos)).q(&mut tq).slots(&slots);
+        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&pos)).q(&mut tq).slots(&slots);
         rope.append_kv(append, &stream)
     };
     // One step on every GPU at once, then gathered.

@@ -152,8 +152,8 @@ pub struct RopeConfig {
     pub seq_len: Option<usize>,
     /// Heads per thread of the RoPE kernels.
     pub grouping: HeadGrouping,
-    /// Multimodal RoPE: positions come as three streams ([`Positions::StreamsI32`](crate::Positions::StreamsI32),
-    /// [`Positions::StreamsI64`](crate::Positions::StreamsI64)), each pair turning by one of them.
+    /// Multimodal RoPE: positions come as three streams ([`Positions::streams_i32`](crate::Positions::streams_i32),
+    /// [`Positions::streams_i64`](crate::Positions::streams_i64)), each pair turning by one of them.
     pub mrope: Option<Mrope>,
     /// Where the kernels take cos and sin from.
     pub cos_sin: CosSin,

@@ -239,7 +239,7 @@ pub enum Error {
         half: usize,
     },
     /// The positions' kind does not fit the configuration: a multimodal (MRoPE) configuration
-    /// takes three streams (`Positions::StreamsI32`/`StreamsI64`, `[3, batch * seq]`), any
+    /// takes three streams (`Positions::streams_i32`/`streams_i64`, `[3, batch * seq]`), any
     /// other configuration takes one position per token (ids, offsets or sequential).
     #[error("positions: expected {expected}, got {got:?}")]
     PositionKind {
@@ -346,6 +346,14 @@ pub enum Error {
         expected: i32,
         /// The buffer's device ordinal.
         got: i32,
+    },
+    /// A buffer was lent for work on another stream than the call's (a cudarc buffer paired
+    /// with one `CudaStream`, given to a call on another): pair each buffer with the stream the
+    /// call is given, so that cudarc orders the call after the buffer's earlier work.
+    #[error("{what} was lent for work on another stream than the call's")]
+    Stream {
+        /// The buffer.
+        what: &'static str,
     },
     /// A call that cannot go into a CUDA graph was made while capturing or recording one
     /// (`check_errors`, a checked configuration, a KV call of more than

@@ -5,7 +5,7 @@
 //! synchronising call (see there). [`Graph::record`] records this library's launches and
 //! copies as graph nodes without capturing anything, so other threads are free meanwhile.
 //!
-//! `Rope::apply*`, `Rope::append_kv*` and `KvUpdate::update_kv_cache` of up to
+//! `Rope::apply`, `Rope::append_kv`, their raw doors and `KvUpdate::update_kv_cache` of up to
 //! [`crate::KV_SCAN_MAX_TOKENS`] tokens queue their work without allocating, synchronising or
 //! looking anything up, so they may go into a graph. Not into a graph: a configuration with
 //! `checked` set and `check_errors`, which synchronise and read what ran (while recording,
@@ -186,13 +186,13 @@ impl Graph {
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::DeviceBuffer;
-    /// use rope_cuda::{Direction, Graph, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// use rope_cuda::{Graph, Layout, Positions, Rope, RopeArgs, RopeConfig, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 4096))?;
     /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 4 * 64])?;
     /// let ids = DeviceBuffer::from_slice(&[0i32, 1, 2, 3])?;
     /// let graph = Graph::capture(&stream, || {
     ///     let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
-    ///     rope.apply_in_place(&mut qv, None, Positions::IdsI32(&ids), Direction::Forward, &stream)
+    ///     rope.apply(RopeArgs::in_place(&mut qv, Positions::ids_i32(&ids)), &stream)
     /// })?;
     /// for _ in 0..3 {
     ///     // SAFETY: `rope`, `q` and `ids` outlive the replays, which the synchronisation below
@@ -225,14 +225,14 @@ impl Graph {
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::DeviceBuffer;
-    /// use rope_cuda::{Direction, Graph, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// use rope_cuda::{Graph, Layout, Positions, Rope, RopeArgs, RopeConfig, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 4096))?;
     /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 4 * 64])?;
     /// let offsets = DeviceBuffer::from_slice(&[100i64])?;
     /// // The calls' stream is not used while recording: the launches become nodes of the graph.
     /// let graph = Graph::record(|| {
     ///     let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
-    ///     rope.apply_in_place(&mut qv, None, Positions::OffsetsI64(&offsets), Direction::Forward, &stream)
+    ///     rope.apply(RopeArgs::in_place(&mut qv, Positions::offsets_i64(&offsets)), &stream)
     /// })?;
     /// // SAFETY: `rope`, `q` and `offsets` outlive the replay, which the synchronisation waits for.
     /// unsafe { graph.launch(&stream)? };

@@ -1,9 +1,5 @@
 //! KV cache: the fused RoPE + append of one decode or prefill step ([`Rope::append_kv`]).
 
-use std::marker::PhantomData;
-
-use cust::memory::DeviceSlice;
-use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
@@ -19,8 +15,9 @@ use crate::launch::{
     lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
+use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
-use crate::tensor::{Element, Positions, RawPositions, RawTensor, Tensor, TensorMut};
+use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
 /// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls
@@ -37,13 +34,17 @@ pub const KV_SCAN_MAX_TOKENS: usize = 256;
 /// `Layout::bshd(num_blocks, block_size, heads, head_dim)`, and
 /// `[num_blocks, heads, block_size, head_dim]` is `Layout::bhsd(num_blocks, heads, block_size,
 /// head_dim)`).
+///
+/// The key and the value cache are each any [`OperandMut`] of an [`Element`], each of its
+/// own type.
 #[derive(Debug)]
-pub struct KvCache<'a, T> {
-    pub(crate) raw: RawKvCache,
-    _borrow: PhantomData<&'a mut [T]>,
+pub struct KvCache<'a> {
+    k: TensorMut<'a>,
+    v: TensorMut<'a>,
+    paged: bool,
 }
 
-impl<'a, T: Element> KvCache<'a, T> {
+impl<'a> KvCache<'a> {
     /// A contiguous cache: token `s` of sequence `b` goes to row `position` of block `b`.
     ///
     /// ```
@@ -58,8 +59,14 @@ impl<'a, T: Element> KvCache<'a, T> {
     /// # let _ = cache;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn contiguous(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
-        Self::new(k, v, layout, false)
+    pub fn contiguous<K, V>(k: K, v: V, layout: Layout) -> Self
+    where
+        K: OperandMut<'a>,
+        K::Elem: Element,
+        V: OperandMut<'a>,
+        V::Elem: Element,
+    {
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false }
     }
 
     /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
@@ -78,22 +85,19 @@ impl<'a, T: Element> KvCache<'a, T> {
     /// assert!(cache.raw().paged);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn paged(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
-        Self::new(k, v, layout, true)
+    pub fn paged<K, V>(k: K, v: V, layout: Layout) -> Self
+    where
+        K: OperandMut<'a>,
+        K::Elem: Element,
+        V: OperandMut<'a>,
+        V::Elem: Element,
+    {
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true }
     }
 
     /// The cache as device addresses, for [`Rope::append_kv_raw`].
     pub fn raw(&self) -> RawKvCache {
-        self.raw
-    }
-
-    fn new(k: &'a mut DeviceSlice<T>, v: &'a mut DeviceSlice<T>, layout: Layout, paged: bool) -> Self {
-        let raw = RawKvCache {
-            k: RawTensor::new(k.as_device_ptr().as_raw(), k.len(), T::DTYPE, layout),
-            v: RawTensor::new(v.as_device_ptr().as_raw(), v.len(), T::DTYPE, layout),
-            paged,
-        };
-        KvCache { raw, _borrow: PhantomData }
+        RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged }
     }
 }
 
@@ -108,7 +112,10 @@ pub struct RawKvCache {
     pub paged: bool,
 }
 
-/// Everything one KV append takes ([`Rope::append_kv`]).
+/// Everything one KV append takes ([`Rope::append_kv`]), built: new keys and values, the
+/// caches and the positions, then the optional parts where there are any (queries to rotate
+/// in the same launch, a paged cache's slot mapping). Each tensor is a view of its own
+/// buffer with its own element type.
 ///
 /// ```no_run
 /// # use rope_cuda::{KvAppend, KvCache, Layout, Positions, Rope, Tensor, TensorMut};
@@ -119,53 +126,67 @@ pub struct RawKvCache {
 /// let mut q = TensorMut::new(qkv, Layout::bshd(1, 4, 32, 128));
 /// let (k, v) = (Tensor::new(k, Layout::bshd(1, 4, 8, 128)), Tensor::new(v, Layout::bshd(1, 4, 8, 128)));
 /// let mut cache = KvCache::paged(kc, vc, Layout::bshd(64, 16, 8, 128));
-/// rope.append_kv(
-///     KvAppend { q: Some(&mut q), k: &k, v: &v, cache: &mut cache, positions: Positions::IdsI32(pos), slots: Some(slots) },
-///     stream,
-/// )?;
-/// // The same, built: the optional parts (q, slots) only where there are any.
-/// let append = KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(pos)).q(&mut q).slots(slots);
+/// let append = KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(pos)).q(&mut q).slots(slots);
 /// rope.append_kv(append, stream)
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct KvAppend<'r, 'a, T> {
-    /// Queries `[batch, seq, q_heads, head_dim]` to rotate in place in the same launch.
-    pub q: Option<&'r mut TensorMut<'a, T>>,
-    /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
-    pub k: &'r Tensor<'a, T>,
-    /// New values, same shape as `k`, copied into the value cache.
-    pub v: &'r Tensor<'a, T>,
-    /// The caches.
-    pub cache: &'r mut KvCache<'a, T>,
-    /// The tokens' positions (the rotation; and, for contiguous caches, the row).
-    pub positions: Positions<'a>,
-    /// Paged caches: the i64 slot mapping, one per token (`-1`: padding, not written).
-    pub slots: Option<&'a DeviceSlice<i64>>,
+pub struct KvAppend<'r, 'a> {
+    q: Option<&'r mut TensorMut<'a>>,
+    k: &'r Tensor<'a>,
+    v: &'r Tensor<'a>,
+    cache: &'r mut KvCache<'a>,
+    positions: Positions<'a>,
+    /// Address, length and hold of the slot mapping.
+    slots: Option<(u64, usize, Hold<'a>)>,
 }
 
-impl<'r, 'a, T> KvAppend<'r, 'a, T> {
-    /// An append of `k` and `v` into `cache` at `positions`: no queries, no slot mapping
-    /// (a contiguous cache). Add them with [`KvAppend::q`] and [`KvAppend::slots`].
-    pub fn new(
-        k: &'r Tensor<'a, T>,
-        v: &'r Tensor<'a, T>,
-        cache: &'r mut KvCache<'a, T>,
-        positions: Positions<'a>,
-    ) -> Self {
+impl<'r, 'a> KvAppend<'r, 'a> {
+    /// An append of the new keys `k` (`[batch, seq, kv_heads, head_dim]`, rotated into the key
+    /// cache, not modified) and values `v` (same shape, copied into the value cache) into
+    /// `cache` at `positions` (the rotation; and, for contiguous caches, the row): no
+    /// queries, no slot mapping (a contiguous cache). Add them with [`KvAppend::q`] and
+    /// [`KvAppend::slots`].
+    pub fn new(k: &'r Tensor<'a>, v: &'r Tensor<'a>, cache: &'r mut KvCache<'a>, positions: Positions<'a>) -> Self {
         KvAppend { q: None, k, v, cache, positions, slots: None }
     }
 
-    /// Also rotates the queries `q` in place, in the same launch.
-    pub fn q(mut self, q: &'r mut TensorMut<'a, T>) -> Self {
+    /// Also rotates the queries `q` (`[batch, seq, q_heads, head_dim]`) in place, in the same
+    /// launch.
+    pub fn q(mut self, q: &'r mut TensorMut<'a>) -> Self {
         self.q = Some(q);
         self
     }
 
-    /// The slot mapping of a paged cache (one i64 per token, `-1`: padding).
-    pub fn slots(mut self, slots: &'a DeviceSlice<i64>) -> Self {
-        self.slots = Some(slots);
+    /// The slot mapping of a paged cache: one i64 per token (`-1`: padding, not written).
+    pub fn slots(mut self, slots: impl Operand<'a, Elem = i64>) -> Self {
+        self.slots = Some(slots.lend());
         self
+    }
+
+    /// The append as device addresses, for [`Rope::append_kv_raw`] and [`validate_append`].
+    pub fn raw(&self) -> RawKvArgs {
+        RawKvArgs {
+            q: self.q.as_ref().map(|q| q.raw),
+            k: self.k.raw,
+            v: self.v.raw,
+            cache: self.cache.raw(),
+            positions: self.positions.raw(),
+            slots: self.slots.as_ref().map(|&(ptr, len, _)| (ptr, len)),
+        }
+    }
+
+    /// Each buffer's name and hold.
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 7] {
+        [
+            ("q", self.q.as_ref().map(|q| &q.hold)),
+            ("k", Some(&self.k.hold)),
+            ("v", Some(&self.v.hold)),
+            ("k cache", Some(&self.cache.k.hold)),
+            ("v cache", Some(&self.cache.v.hold)),
+            ("positions", Some(&self.positions.hold)),
+            ("slots", self.slots.as_ref().map(|(_, _, hold)| hold)),
+        ]
     }
 }
 
@@ -474,8 +495,10 @@ impl Rope {
     /// One decode or prefill step in one launch: rotates `k` into the key cache and copies
     /// `v` into the value cache at each token's slot, and, with `q`, rotates `q` in place.
     ///
-    /// Contiguous caches take each token's row from its position (`slots` must be `None`);
-    /// paged caches from `slots` (one i64 per token, `-1` for padding, which is skipped).
+    /// Contiguous caches take each token's row from its position (no slot mapping); paged
+    /// caches from the slot mapping ([`KvAppend::slots`]: one i64 per token, `-1` for padding,
+    /// which is skipped). The buffers are any [`Operand`]s (cust's or cudarc's), the stream any
+    /// [`Queue`].
     /// A token whose position is outside the table (or, contiguous, the cache) is skipped
     /// entirely and a slot outside the cache skips its writes; both are recorded and reported
     /// by [`Rope::check_errors`]. When several tokens name one slot, the last one's key and
@@ -496,8 +519,7 @@ impl Rope {
     /// let pos = DeviceBuffer::from_slice(&[0i32, 5])?;
     /// let (kt, vt) = (Tensor::new(&k, new), Tensor::new(&v, new));
     /// let mut cache = KvCache::contiguous(&mut kc, &mut vc, Layout::bshd(2, 32, 2, 64));
-    /// let args = KvAppend { q: None, k: &kt, v: &vt, cache: &mut cache, positions: Positions::IdsI32(&pos), slots: None };
-    /// rope.append_kv(args, &stream)?;
+    /// rope.append_kv(KvAppend::new(&kt, &vt, &mut cache, Positions::ids_i32(&pos)), &stream)?;
     /// rope.check_errors(&stream)?;
     /// let mut values = vec![0.0f32; 2 * 32 * 2 * 64];
     /// vc.copy_to(&mut values[..])?;
@@ -507,18 +529,10 @@ impl Rope {
     /// assert!(values[row(1, 4)..row(1, 5)].iter().all(|&x| x == 0.0));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn append_kv<T: Element>(&self, args: KvAppend<'_, '_, T>, stream: &Stream) -> Result<()> {
-        let raw = RawKvArgs {
-            q: args.q.map(|q| q.raw),
-            k: args.k.raw,
-            v: args.v.raw,
-            cache: args.cache.raw,
-            positions: args.positions.raw(),
-            slots: args.slots.map(|s| (s.as_device_ptr().as_raw(), s.len())),
-        };
-        // SAFETY: the views borrow live cust buffers of `T` for the call; `plan_kv` checks
-        // the rest.
-        unsafe { self.append_kv_raw(&raw, stream.as_inner()) }
+    pub fn append_kv(&self, args: KvAppend<'_, '_>, stream: &impl Queue) -> Result<()> {
+        let stream = stream.raw(self.kernels())?;
+        // SAFETY: as in `Rope::apply`, for every buffer of the append.
+        on_stream(args.holds(), stream, || unsafe { self.append_kv_raw(&args.raw(), stream) })
     }
 
     /// [`Rope::append_kv`] on device addresses and a raw stream.

@@ -280,12 +280,8 @@ impl Core {
         Ok(())
     }
 
-    /// Synchronises `stream`, then reports (and clears) what the records hold.
-    pub fn check_errors(&self, stream: &cust::stream::Stream, max_position: usize) -> Result<()> {
-        self.check_errors_raw(stream.as_inner(), max_position)
-    }
-
-    /// [`Core::check_errors`] on a raw stream of the kernels' context.
+    /// Synchronises `stream` (a live stream of the kernels' context), then reports (and
+    /// clears) what the records hold.
     pub fn check_errors_raw(&self, stream: cuda::CUstream, max_position: usize) -> Result<()> {
         crate::graph::not_while_recording("check_errors")?;
         // SAFETY: the callers pass a live stream of the kernels' context.

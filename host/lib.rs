@@ -13,12 +13,17 @@
 //!   pairs; f32, f16 and bf16; any `[batch, seq, heads, head_dim]` strides ([`Layout`]),
 //!   including q and k as views of one fused QKV buffer; different head counts for q and k,
 //!   or no k; partial rotary; per-token i32/i64 ids or per-sequence offsets ([`Positions`]);
-//!   in place or out of place; forward or inverse ([`Direction`]).
+//!   in place or out of place; forward or inverse ([`Direction`]): [`Rope::apply`]
+//!   ([`RopeArgs`]).
 //! - [`Rope::append_kv`] ([`KvAppend`]) is one decode or prefill step in one launch: k rotated
 //!   into a contiguous or paged cache ([`KvCache`]), v copied, q rotated in place.
-//! - [`Rope::apply_raw`] and [`Rope::append_kv_raw`] take device addresses and a raw
-//!   `CUstream`, for buffers from cudarc, candle or any allocator; [`validate`] and
-//!   [`validate_append`] run their checks without a GPU.
+//! - Each operation has two doors. The typed one takes views ([`Tensor`], [`TensorMut`],
+//!   [`Positions`], [`KvCache`]) of any [`Operand`]: cust's `DeviceSlice` / `DeviceBuffer`, and
+//!   with the feature `cudarc` cudarc's buffers (`rope_cuda::cudarc`), each view with its own
+//!   element type; and a stream as any [`Queue`]. The raw one ([`Rope::apply_raw`],
+//!   [`Rope::append_kv_raw`]) takes device addresses and a raw `CUstream`, for buffers from
+//!   candle or any allocator; [`validate`] and [`validate_append`] run its checks without a
+//!   GPU.
 //! - [`Graph`] records a step's launches once and replays them.
 //! - [`seed`] holds the two reference operations the project started from.
 //! - Every bad input is an [`Error`] before any launch. A position outside the table is
@@ -35,7 +40,7 @@
 //! use cust::stream::{Stream, StreamFlags};
 //! use half::bf16;
 //! use rope_cuda::reference::{rope_row, RefElem};
-//! use rope_cuda::{DType, Direction, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, TensorMut};
+//! use rope_cuda::{DType, Direction, Kernels, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, TensorMut};
 //!
 //! // A CUDA context, current on this thread (this example returns early without a GPU).
 //! let Ok(_ctx) = cust::quick_init() else { return Ok(()) };
@@ -51,7 +56,7 @@
 //! let q = Layout::strided([1, tokens, 4, 64], [tokens * row, row, 64], 0);
 //! let k = Layout::strided([1, tokens, 2, 64], [tokens * row, row, 64], 4 * 64);
 //! let (mut qv, mut kv) = TensorMut::pair(&mut qkv, q, k);
-//! rope.apply_in_place(&mut qv, Some(&mut kv), Positions::IdsI32(&ids), Direction::Forward, &stream)?;
+//! rope.apply(RopeArgs::in_place(&mut qv, Positions::ids_i32(&ids)).k(&mut kv), &stream)?;
 //! rope.check_errors(&stream)?; // synchronises; Err would name the first bad position
 //!
 //! let mut out = vec![bf16::ZERO; x.len()];
@@ -89,6 +94,7 @@ mod kernels;
 mod kv;
 mod launch;
 mod layout;
+mod operand;
 mod records;
 mod rope;
 mod scaling;
@@ -105,11 +111,12 @@ pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_T
 pub use kernels::{archs, ptx, Kernels, LoadStats};
 pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 pub use layout::Layout;
-pub use rope::{validate, Rope};
+pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
+pub use rope::{validate, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;
 pub use scaling::RopeScaling;
 pub use table::{row as table_row, HostTable, RopeTable};
-pub use tensor::{Element, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
+pub use tensor::{PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 pub use rope_cuda_kernels::keys::TableSource;
 

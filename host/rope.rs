@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
@@ -17,8 +16,9 @@ use crate::launch::{
     check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
     lanes, pairs, positions, staged, vector_fits, Core,
 };
+use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
-use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
+use crate::tensor::{Positions, RawArgs, RawTensor, Tensor, TensorMut};
 
 /// RoPE for one configuration: its source of cos and sin built once ([`RopeTable`]: a table
 /// with angles in f64, stored f32, or the frequencies the kernels compute them from, as
@@ -39,7 +39,7 @@ use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 /// use cust::memory::DeviceBuffer;
 /// use cust::stream::{Stream, StreamFlags};
 /// use half::bf16;
-/// use rope_cuda::{DType, Direction, Kernels, Layout, Positions, Rope, RopeConfig, TensorMut};
+/// use rope_cuda::{DType, Kernels, Layout, Positions, Rope, RopeArgs, RopeConfig, TensorMut};
 ///
 /// let _ctx = cust::quick_init()?;
 /// let kernels = Kernels::load()?;
@@ -52,7 +52,7 @@ use crate::tensor::{Element, Positions, RawArgs, RawTensor, Tensor, TensorMut};
 /// let q = Layout::strided([1, tokens, 32, 128], [tokens * row, row, 128], 0);
 /// let k = Layout::strided([1, tokens, 8, 128], [tokens * row, row, 128], 32 * 128);
 /// let (mut q, mut k) = TensorMut::pair(&mut qkv, q, k);
-/// rope.apply_in_place(&mut q, Some(&mut k), Positions::IdsI32(&positions), Direction::Forward, &stream)?;
+/// rope.apply(RopeArgs::in_place(&mut q, Positions::ids_i32(&positions)).k(&mut k), &stream)?;
 /// rope.check_errors(&stream)?; // synchronises; Err names the first out-of-range token
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -99,20 +99,23 @@ impl Rope {
         &self.core.kernels
     }
 
-    /// Rotates `q` (and `k`) in place.
+    /// Rotates q (and k) at their positions on `stream`: in place ([`RopeArgs::in_place`]) or
+    /// into outputs ([`RopeArgs::into`], dims past `rotary_dim` copied bit for bit); forward,
+    /// or as [`RopeArgs::direction`] says. The buffers are any [`Operand`](crate::Operand)s (cust's
+    /// or cudarc's), the stream any [`Queue`].
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::{CopyDestination, DeviceBuffer};
-    /// use rope_cuda::{Direction, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// use rope_cuda::{Layout, Positions, Rope, RopeArgs, RopeConfig, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
     /// // [1 sequence, 2 tokens, 4 heads, 64]
     /// let x: Vec<f32> = (0..2 * 4 * 64).map(|i| (i % 13) as f32 - 6.0).collect();
     /// let mut q = DeviceBuffer::from_slice(&x)?;
     /// let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 2, 4, 64));
-    /// rope.apply_in_place(&mut qv, None, Positions::Sequential, Direction::Forward, &stream)?;
+    /// rope.apply(RopeArgs::in_place(&mut qv, Positions::sequential()), &stream)?;
     /// rope.check_errors(&stream)?; // synchronises
     /// let mut out = vec![0.0f32; x.len()];
     /// q.copy_to(&mut out[..])?;
@@ -120,30 +123,15 @@ impl Rope {
     /// assert_ne!(out[4 * 64..], x[4 * 64..]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn apply_in_place<T: Element>(
-        &self,
-        q: &mut TensorMut<'_, T>,
-        k: Option<&mut TensorMut<'_, T>>,
-        positions: Positions<'_>,
-        direction: Direction,
-        stream: &Stream,
-    ) -> Result<()> {
-        let args =
-            RawArgs { q: q.raw, q_out: None, k: k.map(|k| k.raw), k_out: None, positions: positions.raw(), direction };
-        // SAFETY: the views borrow live cust buffers of `T` for the call; `plan` checks the
-        // rest.
-        unsafe { self.apply_raw(&args, stream.as_inner()) }
-    }
-
-    /// Writes rotated `q` into `q_out` (and `k` into `k_out`); dims past `rotary_dim` are
-    /// copied bit for bit.
+    ///
+    /// Out of place, with k, inverse:
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::{CopyDestination, DeviceBuffer};
-    /// use rope_cuda::{Direction, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
+    /// use rope_cuda::{Direction, Layout, Positions, Rope, RopeArgs, RopeConfig, Tensor, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16).rotary_dim(32))?;
     /// let l = Layout::bshd(1, 3, 2, 64);
     /// let x: Vec<f32> = (0..3 * 2 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
@@ -153,26 +141,20 @@ impl Rope {
     /// let ids = DeviceBuffer::from_slice(&[5i32, 6, 7])?;
     /// let (qt, kt) = (Tensor::new(&q, l), Tensor::new(&k, l));
     /// let (mut qo, mut ko) = (TensorMut::new(&mut q_out, l), TensorMut::new(&mut k_out, l));
-    /// rope.apply(&qt, &mut qo, Some((&kt, &mut ko)), Positions::IdsI32(&ids), Direction::Forward, &stream)?;
+    /// let args = RopeArgs::into(&qt, &mut qo, Positions::ids_i32(&ids)).k_into(&kt, &mut ko);
+    /// rope.apply(args.direction(Direction::Inverse), &stream)?;
     /// stream.synchronize()?;
     /// let mut out = vec![0.0f32; x.len()];
     /// q_out.copy_to(&mut out[..])?;
     /// assert_eq!(out[32..64], x[32..64]); // dims past rotary_dim are copied bit for bit
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn apply<T: Element>(
-        &self,
-        q: &Tensor<'_, T>,
-        q_out: &mut TensorMut<'_, T>,
-        k: Option<(&Tensor<'_, T>, &mut TensorMut<'_, T>)>,
-        positions: Positions<'_>,
-        direction: Direction,
-        stream: &Stream,
-    ) -> Result<()> {
-        let (k, k_out) = k.map(|(k, o)| (k.raw, o.raw)).unzip();
-        let args = RawArgs { q: q.raw, q_out: Some(q_out.raw), k, k_out, positions: positions.raw(), direction };
-        // SAFETY: as in `apply_in_place`.
-        unsafe { self.apply_raw(&args, stream.as_inner()) }
+    pub fn apply(&self, args: RopeArgs<'_, '_>, stream: &impl Queue) -> Result<()> {
+        let stream = stream.raw(self.kernels())?;
+        // SAFETY: each view lends a live buffer of its element type, ordered for work on
+        // `stream` (checked) by its borrow and its record, made after the launch is queued; the
+        // `Queue` vouches for the stream; `plan` checks the rest.
+        on_stream(args.holds(), stream, || unsafe { self.apply_raw(&args.raw(), stream) })
     }
 
     /// The launch behind every RoPE call, on device addresses and a raw stream: for engines
@@ -241,12 +223,12 @@ impl Rope {
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::DeviceBuffer;
-    /// use rope_cuda::{Direction, Error, Layout, Positions, Rope, RopeConfig, TensorMut};
+    /// use rope_cuda::{Error, Layout, Positions, Rope, RopeArgs, RopeConfig, TensorMut};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
     /// let mut q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
     /// let ids = DeviceBuffer::from_slice(&[3i32, 99])?; // 99 is past max_position
     /// let mut qv = TensorMut::new(&mut q, Layout::bshd(1, 2, 1, 64));
-    /// rope.apply_in_place(&mut qv, None, Positions::IdsI32(&ids), Direction::Forward, &stream)?;
+    /// rope.apply(RopeArgs::in_place(&mut qv, Positions::ids_i32(&ids)), &stream)?;
     /// match rope.check_errors(&stream) {
     ///     Err(Error::PositionOutOfRange { token: 1, position: 99, max_position: 16, count: 1 }) => {}
     ///     other => panic!("{other:?}"),
@@ -254,8 +236,91 @@ impl Rope {
     /// rope.check_errors(&stream)?; // reported once: the record is clear again
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        self.core.check_errors(stream, self.config.max_position)
+    pub fn check_errors(&self, stream: &impl Queue) -> Result<()> {
+        self.core.check_errors_raw(stream.raw(self.kernels())?, self.config.max_position)
+    }
+}
+
+/// One RoPE call ([`Rope::apply`]): q (and k), each rotated in place or into its output, at
+/// `positions`, forward unless [`RopeArgs::direction`] says otherwise. Each tensor is a view
+/// of its own buffer with its own element type; q and k are both rotated in place or both
+/// out of place (else [`Error::InPlaceMismatch`]).
+#[derive(Debug)]
+pub struct RopeArgs<'r, 'a> {
+    q: Rotated<'r, 'a>,
+    k: Option<Rotated<'r, 'a>>,
+    positions: Positions<'a>,
+    direction: Direction,
+}
+
+/// q or k, and where it goes.
+#[derive(Debug)]
+enum Rotated<'r, 'a> {
+    InPlace(&'r mut TensorMut<'a>),
+    Into(&'r Tensor<'a>, &'r mut TensorMut<'a>),
+}
+
+impl<'a> Rotated<'_, 'a> {
+    /// The input and the output (`None`: in place).
+    fn raw(&self) -> (RawTensor, Option<RawTensor>) {
+        match self {
+            Rotated::InPlace(t) => (t.raw, None),
+            Rotated::Into(t, out) => (t.raw, Some(out.raw)),
+        }
+    }
+
+    /// The input's and the output's holds (`None`: in place).
+    fn holds(&self) -> (&Hold<'a>, Option<&Hold<'a>>) {
+        match self {
+            Rotated::InPlace(t) => (&t.hold, None),
+            Rotated::Into(t, out) => (&t.hold, Some(&out.hold)),
+        }
+    }
+}
+
+impl<'r, 'a> RopeArgs<'r, 'a> {
+    /// Rotates `q` in place.
+    pub fn in_place(q: &'r mut TensorMut<'a>, positions: Positions<'a>) -> Self {
+        RopeArgs { q: Rotated::InPlace(q), k: None, positions, direction: Direction::Forward }
+    }
+
+    /// Writes `q` rotated into `q_out`.
+    pub fn into(q: &'r Tensor<'a>, q_out: &'r mut TensorMut<'a>, positions: Positions<'a>) -> Self {
+        RopeArgs { q: Rotated::Into(q, q_out), k: None, positions, direction: Direction::Forward }
+    }
+
+    /// Also rotates `k` in place (with q in place).
+    pub fn k(mut self, k: &'r mut TensorMut<'a>) -> Self {
+        self.k = Some(Rotated::InPlace(k));
+        self
+    }
+
+    /// Also writes `k` rotated into `k_out` (with q out of place).
+    pub fn k_into(mut self, k: &'r Tensor<'a>, k_out: &'r mut TensorMut<'a>) -> Self {
+        self.k = Some(Rotated::Into(k, k_out));
+        self
+    }
+
+    /// Rotates forward (the default) or back.
+    pub fn direction(mut self, direction: Direction) -> Self {
+        self.direction = direction;
+        self
+    }
+
+    /// The call as device addresses, for [`Rope::apply_raw`] and [`validate`].
+    pub fn raw(&self) -> RawArgs {
+        let (q, q_out) = self.q.raw();
+        let (k, k_out) = self.k.as_ref().map(Rotated::raw).unzip();
+        let positions = self.positions.raw();
+        RawArgs { q, q_out, k, k_out: k_out.flatten(), positions, direction: self.direction }
+    }
+
+    /// Each buffer's name and hold.
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 5] {
+        let (q, q_out) = self.q.holds();
+        let (k, k_out) = self.k.as_ref().map(Rotated::holds).unzip();
+        let positions = Some(&self.positions.hold);
+        [("q", Some(q)), ("q_out", q_out), ("k", k), ("k_out", k_out.flatten()), ("positions", positions)]
     }
 }
 

@@ -1,36 +1,10 @@
-//! Views of device buffers handed to the kernels: typed (borrowing cust buffers) and raw
-//! (device addresses from any CUDA library).
-
-use std::marker::PhantomData;
-
-use cust::memory::{DeviceCopy, DeviceSlice};
+//! Views of device buffers handed to the kernels: typed (over any [`Operand`], each with its
+//! own element type) and raw (device addresses from any CUDA library).
 
 use crate::config::DType;
 use crate::layout::Layout;
+use crate::operand::{Element, Hold, Operand, OperandMut};
 pub use rope_cuda_kernels::views::PositionKind;
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
-}
-
-/// Element types the kernels take: `f32`, `half::f16`, `half::bf16`.
-pub trait Element: DeviceCopy + sealed::Sealed {
-    /// The matching [`DType`].
-    const DTYPE: DType;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-}
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-}
 
 /// A device buffer of `len` elements of type `dtype` at address `ptr`, viewed through `layout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,23 +31,15 @@ impl RawTensor {
     }
 }
 
-/// A read-only view of q or k in a cust buffer.
-#[derive(Debug)]
-pub struct Tensor<'a, T> {
+/// A read-only view of a tensor (q, k, new keys or values) in a device buffer of any
+/// [`Operand`] whose elements are an [`Element`], with the operand's [`Hold`].
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'a> {
     pub(crate) raw: RawTensor,
-    /// Borrows the buffer (a `DeviceSlice<T>`) for `'a`.
-    _borrow: PhantomData<&'a [T]>,
+    pub(crate) hold: Hold<'a>,
 }
 
-impl<T> Clone for Tensor<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Tensor<'_, T> {}
-
-impl<'a, T: Element> Tensor<'a, T> {
+impl<'a> Tensor<'a> {
     /// Views `buf` through `layout` (checked against the buffer when used).
     ///
     /// ```
@@ -87,20 +53,25 @@ impl<'a, T: Element> Tensor<'a, T> {
     /// # let _ = view;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new(buf: &'a DeviceSlice<T>, layout: Layout) -> Self {
-        Tensor { raw: RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout), _borrow: PhantomData }
+    pub fn new<O>(buf: O, layout: Layout) -> Self
+    where
+        O: Operand<'a>,
+        O::Elem: Element,
+    {
+        let (ptr, len, hold) = buf.lend();
+        Tensor { raw: RawTensor::new(ptr, len, O::Elem::DTYPE, layout), hold }
     }
 }
 
-/// A writable view of q or k (or of an output) in a cust buffer.
+/// A writable view of a tensor (q or k rotated in place, an output) in a device buffer of any
+/// [`OperandMut`] whose elements are an [`Element`] (see [`Tensor`]).
 #[derive(Debug)]
-pub struct TensorMut<'a, T> {
+pub struct TensorMut<'a> {
     pub(crate) raw: RawTensor,
-    /// Borrows the buffer mutably for `'a`.
-    _borrow: PhantomData<&'a mut [T]>,
+    pub(crate) hold: Hold<'a>,
 }
 
-impl<'a, T: Element> TensorMut<'a, T> {
+impl<'a> TensorMut<'a> {
     /// Views `buf` through `layout` (checked against the buffer when used).
     ///
     /// ```
@@ -115,9 +86,13 @@ impl<'a, T: Element> TensorMut<'a, T> {
     /// # let _ = read_only;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new(buf: &'a mut DeviceSlice<T>, layout: Layout) -> Self {
-        let raw = RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout);
-        TensorMut { raw, _borrow: PhantomData }
+    pub fn new<O>(buf: O, layout: Layout) -> Self
+    where
+        O: OperandMut<'a>,
+        O::Elem: Element,
+    {
+        let (ptr, len, hold) = buf.lend();
+        TensorMut { raw: RawTensor::new(ptr, len, O::Elem::DTYPE, layout), hold }
     }
 
     /// Two writable views of one buffer, such as q and k in a fused QKV buffer. Launches
@@ -138,37 +113,76 @@ impl<'a, T: Element> TensorMut<'a, T> {
     /// # let _ = (q, k);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn pair(buf: &'a mut DeviceSlice<T>, a: Layout, b: Layout) -> (Self, Self) {
-        let (ptr, len) = (buf.as_device_ptr().as_raw(), buf.len());
-        let view = |layout| TensorMut { raw: RawTensor::new(ptr, len, T::DTYPE, layout), _borrow: PhantomData };
-        (view(a), view(b))
+    pub fn pair<O>(buf: O, a: Layout, b: Layout) -> (Self, Self)
+    where
+        O: OperandMut<'a>,
+        O::Elem: Element,
+    {
+        let first = TensorMut::new(buf, a);
+        let second = TensorMut { raw: RawTensor { layout: b, ..first.raw }, hold: first.hold };
+        (first, second)
     }
 
     /// The same view, read-only.
-    pub fn as_tensor(&self) -> Tensor<'_, T> {
-        Tensor { raw: self.raw, _borrow: PhantomData }
+    pub fn as_tensor(&self) -> Tensor<'_> {
+        Tensor { raw: self.raw, hold: self.hold }
     }
 }
 
-/// Where the kernels find each token's position: the typed form of [`RawPositions`], with
-/// the same names as [`PositionKind`].
+/// Where the kernels find each token's position: the typed form of [`RawPositions`], built
+/// from an [`Operand`] of the kind's integer type.
 #[derive(Debug, Clone, Copy)]
-pub enum Positions<'a> {
+pub struct Positions<'a> {
+    raw: RawPositions,
+    pub(crate) hold: Hold<'a>,
+}
+
+impl<'a> Positions<'a> {
     /// Token `s` of each sequence is at position `s`.
-    Sequential,
+    pub fn sequential() -> Self {
+        Positions { raw: RawPositions::SEQUENTIAL, hold: Hold::none() }
+    }
+
     /// One i32 id per token, `[batch, seq]` row-major.
-    IdsI32(&'a DeviceSlice<i32>),
+    pub fn ids_i32(buf: impl Operand<'a, Elem = i32>) -> Self {
+        Self::of(PositionKind::IdsI32, buf)
+    }
+
     /// One i64 id per token, `[batch, seq]` row-major.
-    IdsI64(&'a DeviceSlice<i64>),
+    pub fn ids_i64(buf: impl Operand<'a, Elem = i64>) -> Self {
+        Self::of(PositionKind::IdsI64, buf)
+    }
+
     /// One i32 start per sequence: token `s` of sequence `b` is at `offsets[b] + s`.
-    OffsetsI32(&'a DeviceSlice<i32>),
+    pub fn offsets_i32(buf: impl Operand<'a, Elem = i32>) -> Self {
+        Self::of(PositionKind::OffsetsI32, buf)
+    }
+
     /// One i64 start per sequence.
-    OffsetsI64(&'a DeviceSlice<i64>),
+    pub fn offsets_i64(buf: impl Operand<'a, Elem = i64>) -> Self {
+        Self::of(PositionKind::OffsetsI64, buf)
+    }
+
     /// Multimodal RoPE: three i32 positions per token (temporal, height, width), `[3, batch *
     /// seq]` row-major, as transformers' `position_ids` of shape `[3, batch, seq]`.
-    StreamsI32(&'a DeviceSlice<i32>),
-    /// Multimodal RoPE: three i64 positions per token, as [`Positions::StreamsI32`].
-    StreamsI64(&'a DeviceSlice<i64>),
+    pub fn streams_i32(buf: impl Operand<'a, Elem = i32>) -> Self {
+        Self::of(PositionKind::StreamsI32, buf)
+    }
+
+    /// Multimodal RoPE: three i64 positions per token, as [`Positions::streams_i32`].
+    pub fn streams_i64(buf: impl Operand<'a, Elem = i64>) -> Self {
+        Self::of(PositionKind::StreamsI64, buf)
+    }
+
+    /// The positions as a device address, for the raw entry points.
+    pub fn raw(&self) -> RawPositions {
+        self.raw
+    }
+
+    fn of(kind: PositionKind, buf: impl Operand<'a>) -> Self {
+        let (ptr, len, hold) = buf.lend();
+        Positions { raw: RawPositions { kind, ptr, len }, hold }
+    }
 }
 
 /// Positions as a device address, for the raw entry points
@@ -187,23 +201,6 @@ pub struct RawPositions {
 impl RawPositions {
     /// Positions `0..seq` in every sequence.
     pub const SEQUENTIAL: RawPositions = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
-}
-
-impl Positions<'_> {
-    pub(crate) fn raw(&self) -> RawPositions {
-        fn of<T: DeviceCopy>(kind: PositionKind, s: &DeviceSlice<T>) -> RawPositions {
-            RawPositions { kind, ptr: s.as_device_ptr().as_raw(), len: s.len() }
-        }
-        match self {
-            Positions::Sequential => RawPositions::SEQUENTIAL,
-            Positions::IdsI32(s) => of(PositionKind::IdsI32, s),
-            Positions::IdsI64(s) => of(PositionKind::IdsI64, s),
-            Positions::OffsetsI32(s) => of(PositionKind::OffsetsI32, s),
-            Positions::OffsetsI64(s) => of(PositionKind::OffsetsI64, s),
-            Positions::StreamsI32(s) => of(PositionKind::StreamsI32, s),
-            Positions::StreamsI64(s) => of(PositionKind::StreamsI64, s),
-        }
-    }
 }
 
 /// Everything one RoPE launch takes, as device addresses. Each tensor carries its element

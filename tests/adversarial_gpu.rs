@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 use rope_cuda::reference::{rope_row_freqs, uniform};
 use rope_cuda::{
-    DType, Direction, Error, Layout, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Rope, RopeConfig,
-    RopeStyle, Tensor, TensorMut,
+    DType, Direction, Error, Layout, PositionKind, Positions, RawArgs, RawPositions, RawTensor, Rope, RopeArgs,
+    RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 /// Positions of one call, as the kernels read them.
@@ -59,18 +59,18 @@ fn run<T: TestElem>(g: &Gpu, rope: &Rope, call: &Call, seed: u64) -> Result<(), 
         Pos::I64(v) => (None, Some(upload_t(v))),
     };
     let positions = match (&d32, &d64) {
-        (Some(b), _) => Positions::IdsI32(b),
-        (_, Some(b)) => Positions::IdsI64(b),
+        (Some(b), _) => Positions::ids_i32(b),
+        (_, Some(b)) => Positions::ids_i64(b),
         _ => unreachable!(),
     };
     let fwd = Direction::Forward;
     let launched = if call.in_place {
         let (mut q, mut k) = TensorMut::pair(&mut buf, call.q, call.k);
-        rope.apply_in_place(&mut q, Some(&mut k), positions, fwd, &g.stream)
+        rope.apply(RopeArgs::in_place(&mut q, positions).k(&mut k).direction(fwd), &g.stream)
     } else {
         let (q, k) = (Tensor::new(&buf, call.q), Tensor::new(&buf, call.k));
         let (mut qo, mut ko) = TensorMut::pair(&mut out, call.q, call.k);
-        rope.apply(&q, &mut qo, Some((&k, &mut ko)), positions, fwd, &g.stream)
+        rope.apply(RopeArgs::into(&q, &mut qo, positions).k_into(&k, &mut ko).direction(fwd), &g.stream)
     };
     launched.map_err(|e| format!("launch: {e}"))?;
     let reported = rope.check_errors(&g.stream);
@@ -357,7 +357,7 @@ fn aliasing_q_and_k_is_a_typed_error() {
     let k = Layout::strided([1, 4, 1, d], [4 * d, d, d], 4 * 4 * d - d / 2);
     {
         let (mut tq, mut tk) = TensorMut::pair(&mut buf, q, k);
-        let e = rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&ids), Direction::Forward, &g.stream);
+        let e = rope.apply(RopeArgs::in_place(&mut tq, Positions::ids_i32(&ids)).k(&mut tk), &g.stream);
         assert!(matches!(e, Err(Error::Aliasing { .. })), "{e:?}");
     }
     // Out of place, through the raw API (the safe one cannot express it): q's output over
@@ -471,17 +471,7 @@ fn append(g: &Gpu, rope: &Rope, a: &Append, slots_len: usize) -> (rope_cuda::Res
     let result = {
         let mut cache = rope_cuda::KvCache::paged(&mut kc, &mut vc, layout);
         let (k, v) = (Tensor::new(&dk, l), Tensor::new(&dv, l));
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: None,
-                k: &k,
-                v: &v,
-                cache: &mut cache,
-                positions: Positions::IdsI32(&pos),
-                slots: Some(&slots),
-            },
-            &g.stream,
-        )
+        rope.append_kv(rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&pos)).slots(&slots), &g.stream)
     };
     g.stream.synchronize().unwrap();
     let (mut hk, mut hv) = (vec![bf16::ZERO; a.cache.len()], vec![bf16::ZERO; a.cache.len()]);

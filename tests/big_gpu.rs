@@ -11,7 +11,7 @@ use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::sys as cuda;
 use half::bf16;
 use rope_cuda::reference::{splitmix64, uniform};
-use rope_cuda::{DType, Direction, KvCache, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
+use rope_cuda::{DType, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, Tensor, TensorMut};
 
 /// bf16 words of the fill pattern: 1.5 and -0.75.
 const PATTERN: u32 = 0xBF40_3FC0;
@@ -91,7 +91,7 @@ fn rope_past_2_pow_31_elements() {
     {
         let mut tq = TensorMut::new(&mut q, Layout::bshd(1, tokens, hq, d));
         let mut tk = TensorMut::new(&mut k, Layout::bshd(1, tokens, hk, d));
-        rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&pos), Direction::Forward, &g.stream).unwrap();
+        rope.apply(RopeArgs::in_place(&mut tq, Positions::ids_i32(&pos)).k(&mut tk), &g.stream).unwrap();
     }
     rope.check_errors(&g.stream).unwrap();
     for (t, xq, xk) in orig {
@@ -142,14 +142,7 @@ fn append_past_2_pow_31_elements() {
             let l = Layout::bshd(tokens, 1, hk, d);
             let (k, v) = (Tensor::new(&dk, l), Tensor::new(&dv, l));
             rope.append_kv(
-                rope_cuda::KvAppend {
-                    q: Some(&mut q),
-                    k: &k,
-                    v: &v,
-                    cache: &mut cache,
-                    positions: Positions::IdsI32(&dpos),
-                    slots: Some(&dslots),
-                },
+                rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&dpos)).q(&mut q).slots(&dslots),
                 &g.stream,
             )
             .unwrap();

@@ -10,10 +10,13 @@ use std::sync::Arc;
 
 use common::{assert_rotated, test_seed, TestElem};
 use cudarc::driver::{CudaContext, CudaStream};
-use rope_cuda::cudarc::{load, Append, KvCache, Positions, Slots, View, ViewMut};
+use rope_cuda::cudarc::load;
 use rope_cuda::reference::{relative_error, rope_row_freqs, splitmix64, uniform};
 use rope_cuda::seed::{KvShape, KvUpdate};
-use rope_cuda::{DType, Direction, Error, Kernels, Layout, Rope, RopeConfig, RopeStyle};
+use rope_cuda::{
+    DType, Direction, Error, Kernels, KvAppend, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle,
+    Tensor, TensorMut,
+};
 
 /// cudarc's context and stream of device 0 with the kernels loaded, or `None` after
 /// printing that `test` skipped (a failure with `ROPE_CUDA_REQUIRE_GPU`).
@@ -61,11 +64,11 @@ fn rope_in_place_on_a_fused_qkv_buffer() {
     {
         let q = Layout::strided([1, tokens, hq, d], [tokens * row, row, d], 0);
         let k = Layout::strided([1, tokens, hk, d], [tokens * row, row, d], hq * d);
-        let (mut q, mut k) = ViewMut::pair(&mut qkv, q, k, &stream);
-        let positions = Positions::ids_i32(&dids, &stream);
-        rope.apply_in_place_cudarc(&mut q, Some(&mut k), &positions, Direction::Forward, &stream).unwrap();
+        let (mut q, mut k) = TensorMut::pair((&mut qkv, &stream), q, k);
+        let positions = Positions::ids_i32((&dids, &stream));
+        rope.apply(RopeArgs::in_place(&mut q, positions).k(&mut k), &stream).unwrap();
     }
-    rope.check_errors_cudarc(&stream).unwrap();
+    rope.check_errors(&stream).unwrap();
     let got = from2(&stream.clone_dtoh(&qkv).unwrap());
     for t in 0..tokens {
         let r = t * row;
@@ -89,8 +92,8 @@ fn rope_out_of_place_and_typed_errors() {
     let mut out = stream.clone_htod(&poison).unwrap();
     let l = Layout::bshd(b, s, h, d);
     {
-        let (q, mut q_out) = (View::new(&dx, l, &stream), ViewMut::new(&mut out, l, &stream));
-        rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream).unwrap();
+        let (q, mut q_out) = (Tensor::new((&dx, &stream), l), TensorMut::new((&mut out, &stream), l));
+        rope.apply(RopeArgs::into(&q, &mut q_out, Positions::sequential()), &stream).unwrap();
     }
     let got = stream.clone_dtoh(&out).unwrap();
     // f32: the contract is a relative error, over the whole output.
@@ -115,16 +118,16 @@ fn rope_out_of_place_and_typed_errors() {
         (&dx, Some(&half_buf), l, "dtype"),
     ];
     for (input, other, layout, what) in cases {
-        let mut q_out = ViewMut::new(&mut fresh, layout, &stream);
+        let mut q_out = TensorMut::new((&mut fresh, &stream), layout);
         let e = match other {
             // A bf16 buffer given to an f32 Rope.
             Some(bf) => {
-                let q = View::new(bf, layout, &stream);
-                rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream)
+                let q = Tensor::new((bf, &stream), layout);
+                rope.apply(RopeArgs::into(&q, &mut q_out, Positions::sequential()), &stream)
             }
             None => {
-                let q = View::new(input, layout, &stream);
-                rope.apply_cudarc(&q, &mut q_out, None, &Positions::sequential(), Direction::Forward, &stream)
+                let q = Tensor::new((input, &stream), layout);
+                rope.apply(RopeArgs::into(&q, &mut q_out, Positions::sequential()), &stream)
             }
         };
         let ok = match what {
@@ -172,29 +175,26 @@ fn paged_append_on_cudarc_buffers() {
     {
         let short = stream.clone_htod(&slots[..tokens - 1]).unwrap();
         let (kv, vv) = (
-            View::new(&dk, Layout::packed(tokens, hk, d), &stream),
-            View::new(&dv, Layout::packed(tokens, hk, d), &stream),
+            Tensor::new((&dk, &stream), Layout::packed(tokens, hk, d)),
+            Tensor::new((&dv, &stream), Layout::packed(tokens, hk, d)),
         );
-        let mut cache = KvCache::paged(&mut dkc, &mut dvc, cache_layout, &stream);
-        let positions = Positions::ids_i32(&dids, &stream);
-        let short = Slots::new(&short, &stream);
-        let args = Append { q: None, k: &kv, v: &vv, cache: &mut cache, positions: &positions, slots: Some(&short) };
-        let e = rope.append_kv_cudarc(args, &stream);
+        let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), cache_layout);
+        let positions = Positions::ids_i32((&dids, &stream));
+        let args = KvAppend::new(&kv, &vv, &mut cache, positions).slots((&short, &stream));
+        let e = rope.append_kv(args, &stream);
         assert!(matches!(e, Err(Error::Length { what: "slots", .. })), "{e:?}");
     }
     assert_eq!(from2(&stream.clone_dtoh(&dkc).unwrap()), kc0, "a refused append wrote the key cache");
     {
-        let mut qv = ViewMut::new(&mut dq, Layout::packed(tokens, hq, d), &stream);
+        let mut qv = TensorMut::new((&mut dq, &stream), Layout::packed(tokens, hq, d));
         let (kv, vv) = (
-            View::new(&dk, Layout::packed(tokens, hk, d), &stream),
-            View::new(&dv, Layout::packed(tokens, hk, d), &stream),
+            Tensor::new((&dk, &stream), Layout::packed(tokens, hk, d)),
+            Tensor::new((&dv, &stream), Layout::packed(tokens, hk, d)),
         );
-        let mut cache = KvCache::paged(&mut dkc, &mut dvc, cache_layout, &stream);
-        let positions = Positions::ids_i32(&dids, &stream);
-        let slots = Slots::new(&dslots, &stream);
-        let args =
-            Append { q: Some(&mut qv), k: &kv, v: &vv, cache: &mut cache, positions: &positions, slots: Some(&slots) };
-        rope.append_kv_cudarc(args, &stream).unwrap();
+        let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), cache_layout);
+        let positions = Positions::ids_i32((&dids, &stream));
+        let args = KvAppend::new(&kv, &vv, &mut cache, positions).q(&mut qv).slots((&dslots, &stream));
+        rope.append_kv(args, &stream).unwrap();
     }
     let (gq, gkc, gvc) = (
         from2(&stream.clone_dtoh(&dq).unwrap()),
@@ -240,8 +240,22 @@ fn reference_update_on_cudarc_buffers() {
     let dp = stream.clone_htod(&positions).unwrap();
     let mut out = up(&vec![f32::from_bits(<f32 as TestElem>::POISON_BITS); 2 * b * s * h * d]);
     let update = KvUpdate::new(&kernels).unwrap();
-    update.update_kv_cache_cudarc(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &dp, &mut out, &stream).unwrap();
-    update.check_errors_cudarc(&stream).unwrap();
+    let on = |buf| (buf, &stream);
+    update
+        .update_kv_cache(
+            shape,
+            on(&dk),
+            on(&dv),
+            on(&dc),
+            on(&ds),
+            on(&dck),
+            on(&dcv),
+            (&dp, &stream),
+            (&mut out, &stream),
+            &stream,
+        )
+        .unwrap();
+    update.check_errors(&stream).unwrap();
     let got = stream.clone_dtoh(&out).unwrap();
     // The last token of a (sequence, position) wins; other rows are the old caches.
     let mut want_k = cache_k.iter().map(|&x| x as f64).collect::<Vec<_>>();
@@ -269,7 +283,35 @@ fn reference_update_on_cudarc_buffers() {
     // A positions buffer of the wrong length: refused, `out` untouched.
     let short = stream.clone_htod(&positions[1..]).unwrap();
     let mut fresh = up(&vec![0.5f32; 2 * half]);
-    let e = update.update_kv_cache_cudarc(shape, &dk, &dv, &dc, &ds, &dck, &dcv, &short, &mut fresh, &stream);
+    let e = update.update_kv_cache(
+        shape,
+        on(&dk),
+        on(&dv),
+        on(&dc),
+        on(&ds),
+        on(&dck),
+        on(&dcv),
+        (&short, &stream),
+        (&mut fresh, &stream),
+        &stream,
+    );
     assert!(matches!(e, Err(Error::Length { what: "positions", .. })), "{e:?}");
     assert!(stream.clone_dtoh(&fresh).unwrap().iter().all(|&x| x == 0.5));
+}
+
+#[test]
+fn a_buffer_lent_for_another_stream_is_refused() {
+    let Some((stream, kernels)) = cudarc_gpu("a_buffer_lent_for_another_stream_is_refused") else { return };
+    let rope = Rope::new(&kernels, RopeConfig::new(64, 64)).unwrap();
+    let other = stream.context().new_stream().unwrap();
+    let x = vec![0.5f32; 4 * 64];
+    let mut q = stream.clone_htod(&x).unwrap();
+    let l = Layout::bshd(1, 4, 1, 64);
+    // Lent for work on `other`, given to a call on `stream`: refused, nothing queued.
+    let e = rope.apply(RopeArgs::in_place(&mut TensorMut::new((&mut q, &other), l), Positions::sequential()), &stream);
+    assert!(matches!(e, Err(Error::Stream { what: "q" })), "{e:?}");
+    // The same call on `other` is accepted.
+    rope.apply(RopeArgs::in_place(&mut TensorMut::new((&mut q, &other), l), Positions::sequential()), &other).unwrap();
+    rope.check_errors(&other).unwrap();
+    assert_ne!(stream.clone_dtoh(&q).unwrap(), x);
 }

@@ -11,7 +11,7 @@ use common::{download_t, gpu, row_at, test_seed, upload_t, TestElem};
 use cust::memory::CopyDestination;
 use half::bf16;
 use rope_cuda::reference::{rope_row, uniform};
-use rope_cuda::{Direction, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
+use rope_cuda::{Direction, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut};
 
 /// A decode step captured into a CUDA graph once, then replayed three times with new
 /// positions, slots and inputs written into the captured buffers between replays: q and
@@ -63,14 +63,7 @@ fn decode_step_replays(test: &str, record: bool) {
         let mut cache = KvCache::paged(&mut kc, &mut vc, cl);
         let (k, v) = (Tensor::new(&dk, kl), Tensor::new(&dv, kl));
         rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut q),
-                k: &k,
-                v: &v,
-                cache: &mut cache,
-                positions: Positions::IdsI32(&dpos),
-                slots: Some(&dslots),
-            },
+            rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&dpos)).q(&mut q).slots(&dslots),
             &g.stream,
         )
     };
@@ -151,7 +144,7 @@ fn record_while_other_threads_work() {
     let mut out = upload_t(&vec![bf16::ZERO; x.len()]);
     let run = |out: &mut cust::memory::DeviceBuffer<bf16>| {
         let mut o = TensorMut::new(out, l);
-        rope.apply(&Tensor::new(&dx, l), &mut o, None, Positions::IdsI32(&dpos), Direction::Forward, &g.stream)
+        rope.apply(RopeArgs::into(&Tensor::new(&dx, l), &mut o, Positions::ids_i32(&dpos)), &g.stream)
     };
     run(&mut out).unwrap();
     g.stream.synchronize().unwrap();
@@ -170,8 +163,7 @@ fn record_while_other_threads_work() {
                     let mut buf = upload_t(&host);
                     let mut q = TensorMut::new(&mut buf, l);
                     let offsets = upload_t(&[0i32, 100, 200, 300]);
-                    rope.apply_in_place(&mut q, None, Positions::OffsetsI32(&offsets), Direction::Forward, &g.stream)
-                        .unwrap();
+                    rope.apply(RopeArgs::in_place(&mut q, Positions::offsets_i32(&offsets)), &g.stream).unwrap();
                     g.stream.synchronize().unwrap();
                     assert_ne!(download_t(&buf), host);
                     rounds.fetch_add(1, Ordering::Relaxed);
@@ -252,17 +244,7 @@ fn claiming_appends_are_not_capturable() {
     let step = |kc: &mut cust::memory::DeviceBuffer<bf16>, vc: &mut cust::memory::DeviceBuffer<bf16>| {
         let mut c = KvCache::paged(kc, vc, Layout::bshd(2 * tokens, 1, 2, 64));
         let (k, v) = (Tensor::new(&k, l), Tensor::new(&v, l));
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: None,
-                k: &k,
-                v: &v,
-                cache: &mut c,
-                positions: Positions::IdsI32(&pos),
-                slots: Some(&slots),
-            },
-            &g.stream,
-        )
+        rope.append_kv(rope_cuda::KvAppend::new(&k, &v, &mut c, Positions::ids_i32(&pos)).slots(&slots), &g.stream)
     };
     let e = rope_cuda::Graph::record(|| step(&mut kc, &mut vc));
     assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
@@ -290,7 +272,7 @@ fn checked_calls_are_not_recordable() {
     let pos = upload_t(&[1i32, 2, 3, 4]);
     let e = rope_cuda::Graph::record(|| {
         let mut t = TensorMut::new(&mut q, Layout::bshd(1, 4, 1, 64));
-        checked.apply_in_place(&mut t, None, Positions::IdsI32(&pos), Direction::Forward, &g.stream)
+        checked.apply(RopeArgs::in_place(&mut t, Positions::ids_i32(&pos)), &g.stream)
     });
     assert!(matches!(e, Err(rope_cuda::Error::NotCapturable(_))), "{e:?}");
     let e = rope_cuda::Graph::record(|| unchecked.check_errors(&g.stream));

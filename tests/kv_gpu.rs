@@ -368,19 +368,15 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             let dk = upload_t(&k_host);
             let dv = upload_t(&v_host);
             let mut q = TensorMut::new(&mut dq, q_l);
-            let q_arg = if hq > 0 { Some(&mut q) } else { None };
-            rope.append_kv(
-                rope_cuda::KvAppend {
-                    q: q_arg,
-                    k: &Tensor::new(&dk, k_l),
-                    v: &Tensor::new(&dv, v_l),
-                    cache: &mut cache_view,
-                    positions: Positions::IdsI32(&dpos),
-                    slots: dslots.as_deref(),
-                },
-                &g.stream,
-            )
-            .unwrap();
+            let (k, v) = (Tensor::new(&dk, k_l), Tensor::new(&dv, v_l));
+            let mut args = rope_cuda::KvAppend::new(&k, &v, &mut cache_view, Positions::ids_i32(&dpos));
+            if hq > 0 {
+                args = args.q(&mut q);
+            }
+            if let Some(slots) = dslots.as_deref() {
+                args = args.slots(slots);
+            }
+            rope.append_kv(args, &g.stream).unwrap();
             rope.check_errors(&g.stream).unwrap();
             q_out = download_t(&dq);
             k_in = k_host.clone();
@@ -575,19 +571,8 @@ fn append_out_of_range_is_skipped_and_reported() {
                   dq: &mut DeviceBuffer<f32>| {
         let mut cache = KvCache::paged(kc, vc, layout);
         let mut q = TensorMut::new(dq, l);
-        let (k, ids) = (Tensor::new(&k, l), Positions::IdsI32(pos));
-        rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut q),
-                k: &k,
-                v: &k,
-                cache: &mut cache,
-                positions: ids,
-                slots: Some(&slots),
-            },
-            &g.stream,
-        )
-        .unwrap();
+        let (k, ids) = (Tensor::new(&k, l), Positions::ids_i32(pos));
+        rope.append_kv(rope_cuda::KvAppend::new(&k, &k, &mut cache, ids).q(&mut q).slots(&slots), &g.stream).unwrap();
     };
     append(&pos, &mut kc, &mut vc, &mut dq);
     let err = rope.check_errors(&g.stream);

@@ -8,7 +8,7 @@ mod common;
 use common::{download_t, gpu, upload_t, TestElem};
 use half::bf16;
 use rope_cuda::reference::{rope_row, uniform_vec};
-use rope_cuda::{DType, Direction, EntryPoint, Layout, Positions, Rope, RopeConfig, RopeStyle, TensorMut};
+use rope_cuda::{DType, Direction, EntryPoint, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, TensorMut};
 
 #[test]
 fn entry_points_load_on_first_use_once() {
@@ -35,12 +35,12 @@ fn entry_points_load_on_first_use_once() {
                     cust::context::CurrentContext::set_current(ctx).unwrap();
                     let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None).unwrap();
                     let mut q = TensorMut::new(&mut b, layout);
-                    rope.apply_in_place(&mut q, None, Positions::IdsI32(dids), Direction::Forward, &stream).unwrap();
+                    rope.apply(RopeArgs::in_place(&mut q, Positions::ids_i32(dids)), &stream).unwrap();
                     stream.synchronize().unwrap();
                 });
             }
             let mut q = TensorMut::new(&mut buf, layout);
-            rope.apply_in_place(&mut q, None, Positions::IdsI32(&dids), Direction::Forward, &g.stream).unwrap();
+            rope.apply(RopeArgs::in_place(&mut q, Positions::ids_i32(&dids)), &g.stream).unwrap();
         });
         g.stream.synchronize().unwrap();
         download_t(&buf)

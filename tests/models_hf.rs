@@ -23,8 +23,8 @@ use cust::memory::DeviceBuffer;
 use half::bf16;
 use rope_cuda::reference::rope_row_streams;
 use rope_cuda::{
-    DType, Direction, HfConfig, Layout, Positions, Rope, RopeConfig, StyleSource, TensorMut, INTERLEAVED_MODEL_TYPES,
-    NEOX_MODEL_TYPES,
+    DType, Direction, HfConfig, Layout, Positions, Rope, RopeArgs, RopeConfig, StyleSource, TensorMut,
+    INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES,
 };
 
 /// Every golden model, with the style its apply function uses (read from transformers'
@@ -242,8 +242,8 @@ fn run<T: TestElem + cust::memory::DeviceCopy>(
         }
         None => (upload_t(&g.positions.iter().map(|p| p[0] as i32).collect::<Vec<_>>()), false),
     };
-    let positions = if streams { Positions::StreamsI32(&ids) } else { Positions::IdsI32(&ids) };
-    rope.apply_in_place(&mut qv, None, positions, Direction::Forward, &gpu.stream).expect("apply");
+    let positions = if streams { Positions::streams_i32(&ids) } else { Positions::ids_i32(&ids) };
+    rope.apply(RopeArgs::in_place(&mut qv, positions), &gpu.stream).expect("apply");
     rope.check_errors(&gpu.stream).expect("no position errors");
     download_t(&q)
 }

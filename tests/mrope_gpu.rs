@@ -10,8 +10,8 @@ use half::{bf16, f16};
 use rope_cuda::reference::{rope_row_streams, splitmix64, uniform_vec};
 use rope_cuda::{
     validate, validate_append, ConfigError, CosSin, DType, Direction, Error, HfConfig, KvAppend, KvCache, Layout,
-    Mrope, PositionKind, Positions, RawArgs, RawKvArgs, RawKvCache, RawPositions, RawTensor, Rope, RopeConfig,
-    RopeStyle, StyleSource, Tensor, TensorMut,
+    Mrope, PositionKind, Positions, RawArgs, RawKvArgs, RawKvCache, RawPositions, RawTensor, Rope, RopeArgs,
+    RopeConfig, RopeStyle, StyleSource, Tensor, TensorMut,
 };
 
 /// `[3, tokens]` positions of `batch` sequences of `seq` tokens, image-like: each sequence has
@@ -72,8 +72,7 @@ fn rope_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, config: RopeConfig
     let (lq, lk) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
     let (qt, kt) = (Tensor::new(&q, lq), Tensor::new(&k, lk));
     let (mut qov, mut kov) = (TensorMut::new(&mut qo, lq), TensorMut::new(&mut ko, lk));
-    rope.apply(&qt, &mut qov, Some((&kt, &mut kov)), Positions::StreamsI64(&ids), Direction::Forward, &g.stream)
-        .unwrap();
+    rope.apply(RopeArgs::into(&qt, &mut qov, Positions::streams_i64(&ids)).k_into(&kt, &mut kov), &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
     for (x, got, heads) in [(&xq, download_t(&qo), hq), (&xk, download_t(&ko), hk)] {
         for t in 0..tokens {
@@ -155,8 +154,8 @@ fn mrope_of_text_tokens_is_plain_rope() {
     for (config, pos) in [(plain, upload_t(&ids)), (multi, upload_t(&three))] {
         let rope = Rope::new(&g.kernels, config.clone()).unwrap();
         let mut q = upload_t(&x);
-        let positions = if config.mrope.is_some() { Positions::StreamsI32(&pos) } else { Positions::IdsI32(&pos) };
-        rope.apply_in_place(&mut TensorMut::new(&mut q, l), None, positions, Direction::Forward, &g.stream).unwrap();
+        let positions = if config.mrope.is_some() { Positions::streams_i32(&pos) } else { Positions::ids_i32(&pos) };
+        rope.apply(RopeArgs::in_place(&mut TensorMut::new(&mut q, l), positions), &g.stream).unwrap();
         rope.check_errors(&g.stream).unwrap();
         out.push(download_t(&q));
     }
@@ -178,14 +177,7 @@ fn mrope_out_of_range_streams_are_skipped_and_reported() {
     let x = uniform_vec(9, 0, seq * h * d);
     let mut q = upload_t(&x);
     let l = Layout::bshd(1, seq, h, d);
-    rope.apply_in_place(
-        &mut TensorMut::new(&mut q, l),
-        None,
-        Positions::StreamsI32(&ids),
-        Direction::Forward,
-        &g.stream,
-    )
-    .unwrap();
+    rope.apply(RopeArgs::in_place(&mut TensorMut::new(&mut q, l), Positions::streams_i32(&ids)), &g.stream).unwrap();
     match rope.check_errors(&g.stream) {
         Err(Error::PositionOutOfRange { token: 1, position: 64, max_position: 64, count: 2 }) => {}
         other => panic!("{other:?}"),
@@ -230,14 +222,7 @@ fn append_case<T: TestElem + cust::memory::DeviceCopy>(g: &Gpu, config: RopeConf
     let mut qv = TensorMut::new(&mut q, Layout::bshd(batch, seq, hq, d));
     let (kt, vt) = (Tensor::new(&k, Layout::bshd(batch, seq, hk, d)), Tensor::new(&v, Layout::bshd(batch, seq, hk, d)));
     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(blocks, bs, hk, d));
-    let args = KvAppend {
-        q: Some(&mut qv),
-        k: &kt,
-        v: &vt,
-        cache: &mut cache,
-        positions: Positions::StreamsI32(&ids),
-        slots: Some(&sl),
-    };
+    let args = KvAppend::new(&kt, &vt, &mut cache, Positions::streams_i32(&ids)).q(&mut qv).slots(&sl);
     rope.append_kv(args, &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
     let (gq, gk, gv) = (download_t(&q), download_t(&kc), download_t(&vc));

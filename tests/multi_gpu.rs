@@ -13,7 +13,7 @@ use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::{Stream, StreamFlags};
 use half::bf16;
 use rope_cuda::reference::{splitmix64, uniform};
-use rope_cuda::{DType, Direction, Error, Kernels, KvCache, Layout, Positions, Rope, RopeConfig, Tensor, TensorMut};
+use rope_cuda::{DType, Error, Kernels, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, Tensor, TensorMut};
 
 /// The visible devices, or `None` after printing a skip (a failure with
 /// `ROPE_CUDA_REQUIRE_GPU=1`).
@@ -49,7 +49,7 @@ fn step_on_current_device(kernels: &std::sync::Arc<Kernels>, seed: u64) {
         let mut tq = TensorMut::new(&mut q, Layout::bshd(t, 1, hq, d));
         let l = Layout::bshd(t, 1, hk, d);
         let (k, v) = (Tensor::new(&k, l), Tensor::new(&v, l));
-        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::IdsI32(&pos)).q(&mut tq).slots(&slots);
+        let append = rope_cuda::KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&pos)).q(&mut tq).slots(&slots);
         rope.append_kv(append, &stream).unwrap();
     }
     rope.check_errors(&stream).unwrap();
@@ -105,7 +105,7 @@ fn buffers_of_another_device_are_refused() {
     let rope = Rope::new(&kernels, RopeConfig::new(64, 64).dtype(DType::BF16)).unwrap();
     let ids = DeviceBuffer::from_slice(&[1i32, 2, 3, 4]).unwrap();
     let mut tq = TensorMut::new(&mut on_1, Layout::bshd(1, 4, 4, 64));
-    let e = rope.apply_in_place(&mut tq, None, Positions::IdsI32(&ids), Direction::Forward, &stream);
+    let e = rope.apply(RopeArgs::in_place(&mut tq, Positions::ids_i32(&ids)), &stream);
     assert!(matches!(e, Err(Error::Device { what: "q", expected: 0, got: 1 })), "{e:?}");
     // The fused append with a cache on device 0 and keys on device 1.
     let (k0, mut kc, mut vc) = (
@@ -118,28 +118,14 @@ fn buffers_of_another_device_are_refused() {
     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(1, 4, 4, 64));
     let (on_1_keys, on_0_values) = (Tensor::new(&on_1, l), Tensor::new(&k0, l));
     let e = rope.append_kv(
-        rope_cuda::KvAppend {
-            q: None,
-            k: &on_1_keys,
-            v: &on_0_values,
-            cache: &mut cache,
-            positions: Positions::IdsI32(&ids),
-            slots: Some(&slots),
-        },
+        rope_cuda::KvAppend::new(&on_1_keys, &on_0_values, &mut cache, Positions::ids_i32(&ids)).slots(&slots),
         &stream,
     );
     assert!(matches!(e, Err(Error::Device { what: "k", expected: 0, got: 1 })), "{e:?}");
     // The same call with both on device 0 is accepted: the refusal was the device's.
     let on_0_keys = Tensor::new(&k0, l);
     rope.append_kv(
-        rope_cuda::KvAppend {
-            q: None,
-            k: &on_0_keys,
-            v: &on_0_values,
-            cache: &mut cache,
-            positions: Positions::IdsI32(&ids),
-            slots: Some(&slots),
-        },
+        rope_cuda::KvAppend::new(&on_0_keys, &on_0_values, &mut cache, Positions::ids_i32(&ids)).slots(&slots),
         &stream,
     )
     .unwrap();

@@ -12,8 +12,8 @@ use common::{data_file, download_t, gpu, upload_t, Gpu, TestElem};
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row_freqs, sin_cos, splitmix64, uniform_vec};
 use rope_cuda::{
-    CosSin, DType, Direction, KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
-    MAX_POSITION_LIMIT,
+    CosSin, DType, Direction, KvAppend, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor,
+    TensorMut, MAX_POSITION_LIMIT,
 };
 
 /// One config of each `rope_type` (real models' files), with every position valid.
@@ -131,7 +131,7 @@ fn rope_case_at<T: TestElem + cust::memory::DeviceCopy>(
         let l = Layout::bshd(1, tokens, heads, config.head_dim);
         let qt = Tensor::new(&q, l);
         let mut ov = TensorMut::new(&mut out, l);
-        rope.apply(&qt, &mut ov, None, Positions::IdsI64(&ids), Direction::Forward, &g.stream).unwrap();
+        rope.apply(RopeArgs::into(&qt, &mut ov, Positions::ids_i64(&ids)), &g.stream).unwrap();
         rope.check_errors(&g.stream).unwrap();
         let got = download_t(&out);
         check_rows(&format!("{name} {style:?} rope"), &config, &x, &got, &pos, heads);
@@ -186,14 +186,7 @@ fn append_case_at<T: TestElem + cust::memory::DeviceCopy>(
     let mut qv = TensorMut::new(&mut q, Layout::bshd(batch, seq, hq, d));
     let (kt, vt) = (Tensor::new(&k, Layout::bshd(batch, seq, hk, d)), Tensor::new(&v, Layout::bshd(batch, seq, hk, d)));
     let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(4 * tokens / 8, 8, hk, d));
-    let args = KvAppend {
-        q: Some(&mut qv),
-        k: &kt,
-        v: &vt,
-        cache: &mut cache,
-        positions: Positions::IdsI64(&ids),
-        slots: Some(&sl),
-    };
+    let args = KvAppend::new(&kt, &vt, &mut cache, Positions::ids_i64(&ids)).q(&mut qv).slots(&sl);
     rope.append_kv(args, &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
     let (gq, gk, gv) = (download_t(&q), download_t(&kc), download_t(&vc));

@@ -15,7 +15,8 @@ use common::{download_t, gpu, test_seed, upload_t, Gpu, TestElem};
 use cust::memory::DeviceBuffer;
 use rope_cuda::reference::{rope_row, rope_row_freqs, splitmix64, uniform};
 use rope_cuda::{
-    CosSin, DType, Direction, Error, HeadGrouping, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    CosSin, DType, Direction, Error, HeadGrouping, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor,
+    TensorMut,
 };
 
 const MAX_POS: usize = 4096;
@@ -115,10 +116,10 @@ fn positions(kind: PosKind, seed: u64) -> (Vec<i64>, PosBuf) {
 
 fn as_positions(kind: PosKind, buf: &PosBuf) -> Positions<'_> {
     match (kind, buf) {
-        (PosKind::Ids32, PosBuf::I32(b)) => Positions::IdsI32(b),
-        (PosKind::Ids64, PosBuf::I64(b)) => Positions::IdsI64(b),
-        (PosKind::Offsets, PosBuf::I32(b)) => Positions::OffsetsI32(b),
-        (PosKind::Offsets64, PosBuf::I64(b)) => Positions::OffsetsI64(b),
+        (PosKind::Ids32, PosBuf::I32(b)) => Positions::ids_i32(b),
+        (PosKind::Ids64, PosBuf::I64(b)) => Positions::ids_i64(b),
+        (PosKind::Offsets, PosBuf::I32(b)) => Positions::offsets_i32(b),
+        (PosKind::Offsets64, PosBuf::I64(b)) => Positions::offsets_i64(b),
         _ => unreachable!(),
     }
 }
@@ -231,22 +232,22 @@ fn run<T: TestElem>(
     match outs {
         None if q.0 == k.0 => {
             let (mut qv, mut kv) = TensorMut::pair(&mut bufs[q.0], q.1, k.1);
-            rope.apply_in_place(&mut qv, Some(&mut kv), positions, direction, &g.stream)
+            rope.apply(RopeArgs::in_place(&mut qv, positions).k(&mut kv).direction(direction), &g.stream)
         }
         None => {
             let (a, b) = bufs.split_at_mut(1);
             let (mut qv, mut kv) = (TensorMut::new(&mut a[0], q.1), TensorMut::new(&mut b[0], k.1));
-            rope.apply_in_place(&mut qv, Some(&mut kv), positions, direction, &g.stream)
+            rope.apply(RopeArgs::in_place(&mut qv, positions).k(&mut kv).direction(direction), &g.stream)
         }
         Some(outs) => {
             let (qi, ki) = (Tensor::new(&bufs[q.0], q.1), Tensor::new(&bufs[k.0], k.1));
             if q.0 == k.0 {
                 let (mut qo, mut ko) = TensorMut::pair(&mut outs[q.0], q.1, k.1);
-                rope.apply(&qi, &mut qo, Some((&ki, &mut ko)), positions, direction, &g.stream)
+                rope.apply(RopeArgs::into(&qi, &mut qo, positions).k_into(&ki, &mut ko).direction(direction), &g.stream)
             } else {
                 let (a, b) = outs.split_at_mut(1);
                 let (mut qo, mut ko) = (TensorMut::new(&mut a[0], q.1), TensorMut::new(&mut b[0], k.1));
-                rope.apply(&qi, &mut qo, Some((&ki, &mut ko)), positions, direction, &g.stream)
+                rope.apply(RopeArgs::into(&qi, &mut qo, positions).k_into(&ki, &mut ko).direction(direction), &g.stream)
             }
         }
     }
@@ -398,19 +399,12 @@ fn out_of_range_positions_are_skipped_and_reported() {
     for in_place in [true, false] {
         if in_place {
             let mut qv = TensorMut::new(&mut q, layout);
-            rope.apply_in_place(&mut qv, None, Positions::IdsI64(&ids_buf), Direction::Forward, &g.stream).unwrap();
+            rope.apply(RopeArgs::in_place(&mut qv, Positions::ids_i64(&ids_buf)), &g.stream).unwrap();
         } else {
             let q_in = upload_t(&x);
             let mut ov = TensorMut::new(&mut out, layout);
-            rope.apply(
-                &Tensor::new(&q_in, layout),
-                &mut ov,
-                None,
-                Positions::IdsI64(&ids_buf),
-                Direction::Forward,
-                &g.stream,
-            )
-            .unwrap();
+            rope.apply(RopeArgs::into(&Tensor::new(&q_in, layout), &mut ov, Positions::ids_i64(&ids_buf)), &g.stream)
+                .unwrap();
         }
         let err = rope.check_errors(&g.stream).unwrap_err();
         assert!(
@@ -445,13 +439,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
     let one = Layout::packed(1, heads, d);
     let mut q1 = upload_t(&x[..one.extent().unwrap()]);
     let err = checked
-        .apply_in_place(
-            &mut TensorMut::new(&mut q1, one),
-            None,
-            Positions::IdsI64(&only_huge),
-            Direction::Forward,
-            &g.stream,
-        )
+        .apply(RopeArgs::in_place(&mut TensorMut::new(&mut q1, one), Positions::ids_i64(&only_huge)), &g.stream)
         .unwrap_err();
     assert!(
         matches!(err, Error::PositionOutOfRange { token: 0, position, count: 1, .. } if position == i32::MAX as i64),
@@ -462,13 +450,7 @@ fn out_of_range_positions_are_skipped_and_reported() {
     let two = Layout::bshd(2, 4, heads, d);
     let mut q2 = upload_t(&vec![half::bf16::from_f32(0.5); two.extent().unwrap()]);
     let err = checked
-        .apply_in_place(
-            &mut TensorMut::new(&mut q2, two),
-            None,
-            Positions::OffsetsI32(&offsets),
-            Direction::Forward,
-            &g.stream,
-        )
+        .apply(RopeArgs::in_place(&mut TensorMut::new(&mut q2, two), Positions::offsets_i32(&offsets)), &g.stream)
         .unwrap_err();
     assert!(matches!(err, Error::PositionOutOfRange { token: 6, position: 100, count: 2, .. }), "{err:?}");
 }
@@ -481,7 +463,7 @@ fn dtype_must_match_the_configuration() {
     let layout = Layout::packed(2, 1, 64);
     let mut q = upload_t(&[0.5f32; 128]);
     let err = rope
-        .apply_in_place(&mut TensorMut::new(&mut q, layout), None, Positions::Sequential, Direction::Forward, &g.stream)
+        .apply(RopeArgs::in_place(&mut TensorMut::new(&mut q, layout), Positions::sequential()), &g.stream)
         .unwrap_err();
     assert!(matches!(err, Error::DType { what: "q", expected: DType::F16, got: DType::F32 }), "{err:?}");
     g.stream.synchronize().unwrap();

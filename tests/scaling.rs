@@ -10,7 +10,8 @@ use common::{data_file, download_t, gpu, test_seed, upload_t, TestElem};
 use proptest::prelude::*;
 use rope_cuda::reference::{rope_row_freqs, uniform};
 use rope_cuda::{
-    table_row, ConfigError, DType, Direction, Error, Layout, Positions, Rope, RopeConfig, RopeStyle, TensorMut,
+    table_row, ConfigError, DType, Direction, Error, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle,
+    TensorMut,
 };
 use serde_json::Value;
 
@@ -360,7 +361,7 @@ fn apply_case<T: TestElem>(g: &common::Gpu, file: &str, seq_len: Option<usize>, 
     let (mut dq, mut dk, dp) = (upload_t(&q), upload_t(&k), upload_t(&positions));
     let mut tq = TensorMut::new(&mut dq, Layout::bshd(1, n, hq, d));
     let mut tk = TensorMut::new(&mut dk, Layout::bshd(1, n, hk, d));
-    rope.apply_in_place(&mut tq, Some(&mut tk), Positions::IdsI32(&dp), Direction::Forward, &g.stream).unwrap();
+    rope.apply(RopeArgs::in_place(&mut tq, Positions::ids_i32(&dp)).k(&mut tk), &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
     for (input, out, heads) in [(&q, download_t(&dq), hq), (&k, download_t(&dk), hk)] {
         for (t, &position) in positions.iter().enumerate() {

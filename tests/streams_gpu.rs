@@ -9,7 +9,7 @@ use cust::stream::{Stream, StreamFlags};
 use half::bf16;
 use rope_cuda::bench::spin;
 use rope_cuda::reference::{splitmix64, uniform};
-use rope_cuda::{DType, Direction, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut};
+use rope_cuda::{DType, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut};
 
 /// One out-of-place RoPE job: inputs, outputs, positions and its handle's settings.
 struct Job {
@@ -52,7 +52,7 @@ impl Job {
         let l = Layout::bshd(1, self.tokens, self.heads, self.rope.config().head_dim);
         let q = Tensor::new(&self.q, l);
         let mut out = TensorMut::new(&mut self.q_out, l);
-        self.rope.apply(&q, &mut out, None, Positions::IdsI32(&self.pos), Direction::Forward, stream).unwrap();
+        self.rope.apply(RopeArgs::into(&q, &mut out, Positions::ids_i32(&self.pos)), stream).unwrap();
     }
 
     fn check(&self, what: &str) {
@@ -128,14 +128,13 @@ fn several_handles_in_one_context() {
             let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(2, 16, hk, d));
             let l = Layout::bshd(tokens, 1, hk, d);
             kv.append_kv(
-                rope_cuda::KvAppend {
-                    q: None,
-                    k: &Tensor::new(&dk, l),
-                    v: &Tensor::new(&dv, l),
-                    cache: &mut cache,
-                    positions: Positions::IdsI32(&pos),
-                    slots: Some(&slots),
-                },
+                rope_cuda::KvAppend::new(
+                    &Tensor::new(&dk, l),
+                    &Tensor::new(&dv, l),
+                    &mut cache,
+                    Positions::ids_i32(&pos),
+                )
+                .slots(&slots),
                 stream,
             )
             .unwrap();

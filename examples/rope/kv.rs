@@ -9,7 +9,8 @@ use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, ti
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    DType, Direction, Graph, Kernels, KvCache, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    DType, Direction, Graph, Kernels, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor,
+    TensorMut,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -130,20 +131,15 @@ fn step(
     let (mut kc, mut vc) = (upload(&seeded(13, cache_n))?, upload(&seeded(14, cache_n))?);
     let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
     let (ql, kl) = (Layout::bshd(seqs, new, hq, d), Layout::bshd(seqs, new, hk, d));
-    let pos = Positions::IdsI32(&dpos);
+    let pos = Positions::ids_i32(&dpos);
 
     let fused = |dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
         let mut cache = KvCache::paged(kc, vc, cache_layout);
         let mut q = TensorMut::new(dq, ql);
         rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut q),
-                k: &Tensor::new(&dk, kl),
-                v: &Tensor::new(&dv, kl),
-                cache: &mut cache,
-                positions: pos,
-                slots: Some(&dslots),
-            },
+            rope_cuda::KvAppend::new(&Tensor::new(&dk, kl), &Tensor::new(&dv, kl), &mut cache, pos)
+                .q(&mut q)
+                .slots(&dslots),
             stream,
         )
     };
@@ -174,17 +170,10 @@ fn step(
         let mut baseline = || {
             let mut q = TensorMut::new(&mut dq, ql);
             let mut k = TensorMut::new(&mut dk2, kl);
-            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)?;
+            rope.apply(RopeArgs::in_place(&mut q, pos).k(&mut k), stream)?;
             let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
             rope.append_kv(
-                rope_cuda::KvAppend {
-                    q: None,
-                    k: &Tensor::new(&dk2, kl),
-                    v: &Tensor::new(&dv, kl),
-                    cache: &mut cache,
-                    positions: pos,
-                    slots: Some(&dslots),
-                },
+                rope_cuda::KvAppend::new(&Tensor::new(&dk2, kl), &Tensor::new(&dv, kl), &mut cache, pos).slots(&dslots),
                 stream,
             )
         };
@@ -196,7 +185,7 @@ fn step(
         let rope_alone = time_device(kernels, stream, 20, runs, || {
             let mut q = TensorMut::new(&mut dq, ql);
             let mut k = TensorMut::new(&mut dk2, kl);
-            rope.apply_in_place(&mut q, Some(&mut k), pos, Direction::Forward, stream)
+            rope.apply(RopeArgs::in_place(&mut q, pos).k(&mut k), stream)
         })?;
         let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
         // The same step captured once into a CUDA graph and replayed.
@@ -352,14 +341,14 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
         let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
         let mut q = TensorMut::new(dq, ql);
         rope.append_kv(
-            rope_cuda::KvAppend {
-                q: Some(&mut q),
-                k: &Tensor::new(&dk, kl),
-                v: &Tensor::new(&dv, kl),
-                cache: &mut cache,
-                positions: Positions::IdsI32(if fixed { &same } else { &pos }),
-                slots: Some(&slot),
-            },
+            rope_cuda::KvAppend::new(
+                &Tensor::new(&dk, kl),
+                &Tensor::new(&dv, kl),
+                &mut cache,
+                Positions::ids_i32(if fixed { &same } else { &pos }),
+            )
+            .q(&mut q)
+            .slots(&slot),
             stream,
         )
     };

@@ -23,8 +23,8 @@ use rope_cuda::reference::{
 };
 use rope_cuda::seed::RotaryModel;
 use rope_cuda::{
-    ConfigError, CosSin, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeConfig, RopeStyle, Tensor,
-    TensorMut,
+    ConfigError, CosSin, DType, Direction, Error, Kernels, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle,
+    Tensor, TensorMut,
 };
 
 const BASE: f64 = 10_000.0;
@@ -340,24 +340,24 @@ fn model_case<T: RefElem>(
     let mut outs: Vec<DeviceBuffer<T>> =
         lens.iter().map(|&n| unsafe { DeviceBuffer::uninitialized(n) }).collect::<Result<_, _>>()?;
     let (qb, kb) = (0, lens.len() - 1);
-    let positions = if mode == Mode::Mrope { Positions::StreamsI32(&ids_dev) } else { Positions::IdsI32(&ids_dev) };
+    let positions = if mode == Mode::Mrope { Positions::streams_i32(&ids_dev) } else { Positions::ids_i32(&ids_dev) };
     let launch = |bufs: &mut Vec<DeviceBuffer<T>>, outs: &mut Vec<DeviceBuffer<T>>| -> rope_cuda::Result<()> {
         let fwd = Direction::Forward;
         match mode {
             Mode::PackedQkv => {
                 let (mut q, mut k) = TensorMut::pair(&mut bufs[0], q_layout, k_layout);
-                rope.apply_in_place(&mut q, Some(&mut k), positions, fwd, stream)
+                rope.apply(RopeArgs::in_place(&mut q, positions).k(&mut k).direction(fwd), stream)
             }
             Mode::InPlace | Mode::Mrope => {
                 let (a, b) = bufs.split_at_mut(1);
                 let (mut q, mut k) = (TensorMut::new(&mut a[0], q_layout), TensorMut::new(&mut b[0], k_layout));
-                rope.apply_in_place(&mut q, Some(&mut k), positions, fwd, stream)
+                rope.apply(RopeArgs::in_place(&mut q, positions).k(&mut k).direction(fwd), stream)
             }
             Mode::OutOfPlace => {
                 let (q, k) = (Tensor::new(&bufs[qb], q_layout), Tensor::new(&bufs[kb], k_layout));
                 let (a, b) = outs.split_at_mut(1);
                 let (mut qo, mut ko) = (TensorMut::new(&mut a[0], q_layout), TensorMut::new(&mut b[0], k_layout));
-                rope.apply(&q, &mut qo, Some((&k, &mut ko)), positions, fwd, stream)
+                rope.apply(RopeArgs::into(&q, &mut qo, positions).k_into(&k, &mut ko).direction(fwd), stream)
             }
         }
     };

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use cust::memory::{DeviceBuffer, DeviceSlice};
 use cust::stream::Stream;
 
-use crate::config::{Direction, RopeConfig};
+use crate::config::RopeConfig;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 use crate::layout::Layout;
-use crate::rope::Rope;
+use crate::rope::{Rope, RopeArgs};
 use crate::table::RopeTable;
 use crate::tensor::{Positions, Tensor, TensorMut};
 
@@ -204,7 +204,7 @@ impl RotaryModel {
         let (qs, ks) = self.check(q, q_shape, k, k_shape)?;
         let mut q = TensorMut::new(q, qs.layout());
         let mut k = TensorMut::new(k, ks.layout());
-        self.rope.apply_in_place(&mut q, Some(&mut k), Positions::Sequential, Direction::Forward, stream)
+        self.rope.apply(RopeArgs::in_place(&mut q, Positions::sequential()).k(&mut k), stream)
     }
 
     /// Validates both tensors against each other and the model.
@@ -232,7 +232,7 @@ impl RotaryModel {
         let (q, k) = (Tensor::new(q, qs.layout()), Tensor::new(k, ks.layout()));
         let mut q_out = TensorMut::new(q_out, qs.layout());
         let mut k_out = TensorMut::new(k_out, ks.layout());
-        self.rope.apply(&q, &mut q_out, Some((&k, &mut k_out)), Positions::Sequential, Direction::Forward, stream)
+        self.rope.apply(RopeArgs::into(&q, &mut q_out, Positions::sequential()).k_into(&k, &mut k_out), stream)
     }
 }
 

@@ -5,8 +5,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use cust::memory::DeviceSlice;
-use cust::stream::Stream;
 use cust::sys as cuda;
 use rope_cuda_kernels::keys::TableSource;
 use rope_cuda_kernels::views::{CallerView, SourceView};
@@ -18,7 +16,8 @@ use crate::kernels::Kernels;
 use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache};
 use crate::launch::Core;
 use crate::layout::Layout;
-use crate::tensor::{Element, PositionKind, RawPositions, RawTensor};
+use crate::operand::{on_stream, Element, Operand, OperandMut, Queue};
+use crate::tensor::{PositionKind, RawPositions, RawTensor};
 
 /// The shape of the reference KV-cache update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +91,6 @@ impl KvUpdate {
         Ok(KvUpdate { core: Core::new(kernels)?, cache_len: AtomicUsize::new(0) })
     }
 
-    /// [`KvUpdate::check_errors`] on a raw stream of the kernels' context.
-    pub(crate) fn check_errors_raw(&self, stream: cuda::CUstream) -> Result<()> {
-        self.core.check_errors_raw(stream, self.cache_len.load(Relaxed))
-    }
-
     /// The kernels this update launches.
     pub fn kernels(&self) -> &Arc<Kernels> {
         &self.core.kernels
@@ -111,6 +105,8 @@ impl KvUpdate {
     /// ([`KvUpdate::check_errors`]).
     ///
     /// Every buffer's length must be exactly its shape's; an `Err` means nothing was queued.
+    /// The buffers are any [`Operand`]s of one element type (positions: i32), cust's or
+    /// cudarc's, the stream any [`Queue`].
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -136,33 +132,37 @@ impl KvUpdate {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[allow(clippy::too_many_arguments)]
-    pub fn update_kv_cache<T: Element>(
+    pub fn update_kv_cache<'a, T: Element>(
         &self,
         shape: KvShape,
-        k_new: &DeviceSlice<T>,
-        v_new: &DeviceSlice<T>,
-        cos: &DeviceSlice<T>,
-        sin: &DeviceSlice<T>,
-        cache_k: &DeviceSlice<T>,
-        cache_v: &DeviceSlice<T>,
-        positions: &DeviceSlice<i32>,
-        out: &mut DeviceSlice<T>,
-        stream: &Stream,
+        k_new: impl Operand<'a, Elem = T>,
+        v_new: impl Operand<'a, Elem = T>,
+        cos: impl Operand<'a, Elem = T>,
+        sin: impl Operand<'a, Elem = T>,
+        cache_k: impl Operand<'a, Elem = T>,
+        cache_v: impl Operand<'a, Elem = T>,
+        positions: impl Operand<'a, Elem = i32>,
+        out: impl OperandMut<'a, Elem = T>,
+        stream: &impl Queue,
     ) -> Result<()> {
-        let of = |x: &DeviceSlice<T>| (x.as_device_ptr().as_raw(), x.len());
-        let buffers = UpdateBuffers {
-            k_new: of(k_new),
-            v_new: of(v_new),
-            cos: of(cos),
-            sin: of(sin),
-            cache_k: of(cache_k),
-            cache_v: of(cache_v),
-            positions: (positions.as_device_ptr().as_raw(), positions.len()),
-            out: of(out),
-        };
-        // SAFETY: every buffer is a live cust allocation of its type for the call, `out`
-        // borrowed mutably; the raw update checks the rest.
-        unsafe { self.update_kv_cache_raw(T::DTYPE, shape, &buffers, stream.as_inner()) }
+        let stream = stream.raw(self.kernels())?;
+        let lent = [
+            ("k_new", k_new.lend()),
+            ("v_new", v_new.lend()),
+            ("cos", cos.lend()),
+            ("sin", sin.lend()),
+            ("cache_k", cache_k.lend()),
+            ("cache_v", cache_v.lend()),
+            ("positions", positions.lend()),
+            ("out", out.lend()),
+        ];
+        let [k_new, v_new, cos, sin, cache_k, cache_v, positions, out] = lent.map(|(_, (ptr, len, _))| (ptr, len));
+        let buffers = UpdateBuffers { k_new, v_new, cos, sin, cache_k, cache_v, positions, out };
+        let holds = lent.each_ref().map(|(what, (_, _, hold))| (*what, Some(hold)));
+        // SAFETY: each operand lends a live buffer of its type (`out` exclusively), ordered for
+        // work on `stream` (checked) by its borrow and its record, made after the work is
+        // queued; the `Queue` vouches for the stream; the raw update checks the rest.
+        on_stream(holds, stream, || unsafe { self.update_kv_cache_raw(T::DTYPE, shape, &buffers, stream) })
     }
 
     /// [`KvUpdate::update_kv_cache`] on device addresses (each buffer as its address and its
@@ -325,7 +325,7 @@ impl KvUpdate {
     /// assert!(matches!(e, Err(Error::PositionOutOfRange { token: 0, position: 4, max_position: 4, .. })), "{e:?}");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_errors(&self, stream: &Stream) -> Result<()> {
-        self.check_errors_raw(stream.as_inner())
+    pub fn check_errors(&self, stream: &impl Queue) -> Result<()> {
+        self.core.check_errors_raw(stream.raw(self.kernels())?, self.cache_len.load(Relaxed))
     }
 }
