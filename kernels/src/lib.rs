@@ -14,7 +14,8 @@
 //! - [`keys`] and [`entries`]: typed kernel keys and the one list of entry points, from which
 //!   the device functions and the host's registry both come;
 //! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike; [`div`]: division
-//!   by launch constants;
+//!   by launch constants; [`fp8`]: the 8-bit float formats (an architecture-specific
+//!   instruction behind one function, with its portable twin);
 //! - [`mem`]: the loads and atomics of the views, for both sides;
 //! - device only: `gpu` (the intrinsics and memory accesses the kernels need, standing in for
 //!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope` and
@@ -42,6 +43,7 @@
 
 pub mod div;
 pub mod entries;
+pub mod fp8;
 pub mod keys;
 pub mod math;
 pub mod mem;

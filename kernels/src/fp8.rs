@@ -1,0 +1,167 @@
+//! The 8-bit floating-point formats of the OCP 8-bit floating point specification, for
+//! caches stored in them: E4M3 (`float8_e4m3fn`: bias 7, no infinities, largest finite 448,
+//! NaN `0x7F`/`0xFF`) and E5M2 (bias 15, largest finite 57344, infinities, NaNs).
+//!
+//! The conversion from f32 rounds to nearest even, saturates finite values beyond the largest
+//! finite and infinities to ± the largest finite, keeps subnormals, and turns every NaN into
+//! `0x7F`: what the `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` instruction of sm_89 and later does.
+//! [`Fp8::pack2`] is that instruction where the kernel's architecture has it and its portable
+//! twin ([`Fp8::from_f32`], integer arithmetic only) elsewhere, sm_80 and the host alike: the
+//! one place an architecture-specific instruction enters the kernels, with the twin the host's
+//! tests check against an independent reference.
+
+/// An 8-bit floating-point format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8 {
+    /// 4 exponent bits (bias 7), 3 mantissa bits; no infinities; largest finite 448.
+    E4M3,
+    /// 5 exponent bits (bias 15), 2 mantissa bits; largest finite 57344.
+    E5M2,
+}
+
+/// The canonical NaN both conversions return (`cvt.rn.satfinite` drops the sign of a NaN).
+pub const NAN: u8 = 0x7F;
+
+impl Fp8 {
+    /// Mantissa bits.
+    #[inline(always)]
+    const fn mantissa(self) -> u32 {
+        match self {
+            Fp8::E4M3 => 3,
+            Fp8::E5M2 => 2,
+        }
+    }
+
+    /// The exponent bias.
+    #[inline(always)]
+    const fn bias(self) -> i32 {
+        match self {
+            Fp8::E4M3 => 7,
+            Fp8::E5M2 => 15,
+        }
+    }
+
+    /// The code of the largest finite value (sign bit clear).
+    #[inline(always)]
+    pub const fn max_code(self) -> u8 {
+        match self {
+            Fp8::E4M3 => 0x7E,
+            Fp8::E5M2 => 0x7B,
+        }
+    }
+
+    /// The largest finite value.
+    pub const fn max(self) -> f32 {
+        match self {
+            Fp8::E4M3 => 448.0,
+            Fp8::E5M2 => 57344.0,
+        }
+    }
+
+    /// `x` in this format: rounded to nearest even, saturated to ± the largest finite, NaN to
+    /// [`NAN`]. Integer arithmetic on the f32 bits only, so the same on every architecture.
+    #[inline(always)]
+    pub const fn from_f32(self, x: f32) -> u8 {
+        let bits = x.to_bits();
+        let sign = ((bits >> 24) & 0x80) as u8;
+        let abs = bits & 0x7FFF_FFFF;
+        if abs > 0x7F80_0000 {
+            return NAN;
+        }
+        let m = self.mantissa();
+        // The f32 exponent, unbiased; f32 subnormals (and zero) are far below half the
+        // smallest subnormal of either format, so they need no exponent of their own.
+        let exp = (abs >> 23) as i32 - 127;
+        let min_normal = 1 - self.bias();
+        let code = if exp >= min_normal {
+            // Normal: drop `23 - m` mantissa bits, rebias the exponent; the rounding carry
+            // runs into the exponent (and past the largest finite, caught below).
+            let drop = 23 - m;
+            let code = (abs >> drop) - (((127 - self.bias()) as u32) << m);
+            round(code, abs & ((1 << drop) - 1), drop)
+        } else {
+            // Subnormal: the significand in units of the smallest subnormal,
+            // `2^(min_normal - m)`: shifted right by `23 - m + (min_normal - exp)`.
+            let shift = (23 - m) as i32 + (min_normal - exp);
+            if shift > 25 {
+                0 // below half the smallest subnormal (the significand is under 2^24)
+            } else {
+                let sig = (abs & 0x7F_FFFF) | 0x80_0000;
+                let shift = shift as u32;
+                round(sig >> shift, sig & ((1 << shift) - 1), shift)
+            }
+        };
+        let max = self.max_code() as u32;
+        sign | (if code > max { max } else { code }) as u8
+    }
+
+    /// The value of `code` (NaN codes: NaN; E5M2's infinities: infinities).
+    pub const fn to_f32(self, code: u8) -> f32 {
+        let m = self.mantissa();
+        let sign = if code & 0x80 != 0 { -1.0f32 } else { 1.0 };
+        let e = ((code & 0x7F) >> m) as i32;
+        let frac = (code & ((1 << m) - 1)) as u32;
+        let top = match self {
+            Fp8::E4M3 => (code & 0x7F) == 0x7F,
+            Fp8::E5M2 => e == 31,
+        };
+        if top {
+            return match (self, frac) {
+                (Fp8::E5M2, 0) => sign * f32::INFINITY,
+                _ => f32::NAN,
+            };
+        }
+        // Subnormals: exponent field 0, value frac * 2^(1 - bias - m); normals add the hidden
+        // bit. Built from bits: every value of either format is an exact f32.
+        let (sig, exp) = if e == 0 { (frac, 1 - self.bias()) } else { (frac | (1 << m), e - self.bias()) };
+        // sig * 2^(exp - m), exactly.
+        sign * (sig as f32) * pow2(exp - m as i32)
+    }
+
+    /// Two values packed as `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` packs them: `hi`'s code in
+    /// the upper byte, `lo`'s in the lower. The instruction where the kernel's architecture
+    /// has it (sm_89 and later), [`Fp8::from_f32`] elsewhere: the same bits.
+    #[inline(always)]
+    pub fn pack2(self, hi: f32, lo: f32) -> u16 {
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_89"))]
+        {
+            let d: u16;
+            // SAFETY: a register-only conversion, available from sm_89 (PTX ISA 7.8).
+            unsafe {
+                match self {
+                    Fp8::E4M3 => core::arch::asm!(
+                        "cvt.rn.satfinite.e4m3x2.f32 {}, {}, {};",
+                        out(reg16) d, in(reg32) hi, in(reg32) lo,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
+                    Fp8::E5M2 => core::arch::asm!(
+                        "cvt.rn.satfinite.e5m2x2.f32 {}, {}, {};",
+                        out(reg16) d, in(reg32) hi, in(reg32) lo,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
+                }
+            }
+            d
+        }
+        #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_89")))]
+        {
+            ((self.from_f32(hi) as u16) << 8) | self.from_f32(lo) as u16
+        }
+    }
+}
+
+/// `code` (the kept bits) rounded to nearest even by the `drop` bits below it, `rest`.
+#[inline(always)]
+const fn round(code: u32, rest: u32, drop: u32) -> u32 {
+    let half = 1 << (drop - 1);
+    if rest > half || (rest == half && code & 1 == 1) {
+        code + 1
+    } else {
+        code
+    }
+}
+
+/// `2^e` for the exponents of either format's values (`-16 ..= 13`), exactly.
+const fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
