@@ -8,7 +8,7 @@ use cust::event::{Event, EventFlags};
 use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::stream::Stream;
 
-use rope_cuda_kernels::keys::{BenchEmpty, BenchSpin, BenchTouch};
+use rope_cuda_kernels::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch};
 use rope_cuda_kernels::params::Touch;
 
 use crate::driver;
@@ -133,6 +133,28 @@ pub fn touch<T: DeviceCopy>(
     let g = Geometry { grid: (p.chunks().div_ceil(128) as u32, 1), block: (128, 1) };
     // SAFETY: both addresses are 16-byte aligned (checked) and hold `chunks` whole chunks.
     unsafe { kernels.launch(BenchTouch, g, 0, &p, stream.as_inner()) }
+}
+
+/// Queues the conversion of the f32 pairs of `src` to E4M3 and E5M2 by the kernels'
+/// architecture's [`Fp8::pack2`](rope_cuda_kernels::fp8::Fp8::pack2): pair `i` into `dst[2 i]`
+/// (E4M3) and `dst[2 i + 1]` (E5M2), each packed as `cvt.rn.satfinite.*x2.f32` packs (the
+/// first value in the upper byte). `src` must hold an even number of f32 and `dst` as many
+/// `u16` ([`Error::Length`] otherwise).
+pub fn fp8(kernels: &Kernels, stream: &Stream, src: &DeviceSlice<f32>, dst: &mut DeviceSlice<u16>) -> Result<()> {
+    let shape = vec![src.len() / 2, 2];
+    if src.len() % 2 != 0 {
+        return Err(Error::Length { what: "fp8 input", shape, expected: src.len() - 1, got: src.len() });
+    }
+    if dst.len() != src.len() {
+        return Err(Error::Length { what: "fp8 output", shape, expected: src.len(), got: dst.len() });
+    }
+    let p = Touch::pairs(src.as_device_ptr().as_raw(), dst.as_device_ptr().as_raw(), src.len() as u64 / 2);
+    if src.is_empty() {
+        return Ok(());
+    }
+    let g = Geometry { grid: ((src.len() / 2).div_ceil(128) as u32, 1), block: (128, 1) };
+    // SAFETY: `src` holds `2 * pairs` f32 and `dst` as many u16 (checked above).
+    unsafe { kernels.launch(BenchFp8, g, 0, &p, stream.as_inner()) }
 }
 
 /// The copy's parameters, or the alignment error that refuses it.

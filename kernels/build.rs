@@ -190,6 +190,7 @@ fn main() {
         ("BenchEmpty", "u64", "empty", "bench_empty"),
         ("BenchSpin", "u64", "spin", "bench_spin"),
         ("BenchTouch", "Touch", "touch", "bench_touch"),
+        ("BenchFp8", "Touch", "fp8", "bench_fp8"),
     ] {
         writeln!(
             list,

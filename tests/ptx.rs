@@ -59,10 +59,10 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // Every KV width with each row kind and source; the caller's tables (GPT-J, one row) at
     // their widths in each element type; the claim.
     assert_eq!(named("kv_").len(), per_width * KV_WIDTHS.len() + TYPES.len() * CALLER_WIDTHS.len() + 1);
-    // And the three benchmark kernels (the tests build with the feature `bench-kernels`).
+    // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(
         named("").len(),
-        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + TYPES.len() * CALLER_WIDTHS.len() + 1 + 3
+        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + TYPES.len() * CALLER_WIDTHS.len() + 1 + 4
     );
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at

@@ -1,11 +1,13 @@
 //! Bodies of the benchmark entry points, not used by the library's operations: an empty
 //! kernel (the launch's own cost, the yardstick of the smallest steps), a copy with one
 //! 16-byte load and store per thread (the least a step that reads before it writes can cost),
-//! and a spin that keeps the stream busy while the host queues the work to time (so events
-//! measure the device alone).
+//! a spin that keeps the stream busy while the host queues the work to time (so events
+//! measure the device alone), and the FP8 conversion of the kernel's architecture (tested
+//! against its portable twin).
 
 use core::arch::asm;
 
+use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, thread_idx, Io, Vec16, F32};
 use crate::params::Touch;
 
@@ -46,6 +48,26 @@ pub(crate) unsafe fn touch(p: &Touch) {
         unsafe {
             let v = Vec16::<F32>::load_raw((p.src as *const u8).wrapping_add(16 * i as usize));
             Vec16::<F32>::store_raw((p.dst as *mut u8).wrapping_add(16 * i as usize), v);
+        }
+    }
+}
+
+/// Converts f32 pair `i` of `p.src` (`p.chunks` pairs) to E4M3 and to E5M2 with
+/// [`Fp8::pack2`], into `u16` `2 i` and `2 i + 1` of `p.dst`, one pair per thread
+/// (`bench_fp8`).
+///
+/// # Safety
+/// `p.src` holds `2 * p.chunks` f32, `p.dst` `2 * p.chunks` u16.
+#[inline(always)]
+pub(crate) unsafe fn fp8(p: &Touch) {
+    let i = block_idx().0 as u64 * block_dim().0 as u64 + thread_idx().0 as u64;
+    if i < p.chunks {
+        let (src, dst) = (p.src as *const f32, p.dst as *mut u16);
+        // SAFETY: the caller's contract: pair `i` and its two outputs exist.
+        unsafe {
+            let (hi, lo) = (*src.add(2 * i as usize), *src.add(2 * i as usize + 1));
+            *dst.add(2 * i as usize) = Fp8::E4M3.pack2(hi, lo);
+            *dst.add(2 * i as usize + 1) = Fp8::E5M2.pack2(hi, lo);
         }
     }
 }

@@ -8,14 +8,14 @@
 //! list in `build.rs`.
 
 #[cfg(feature = "bench")]
-use crate::keys::{BenchEmpty, BenchSpin, BenchTouch};
+use crate::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch};
 use crate::keys::{ClaimKey, DType, KvKey, KvTypes, KvWidth, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource};
 #[cfg(feature = "bench")]
 use crate::params::Touch;
 use crate::params::{KvParams, RopeParams};
 
 #[cfg(all(target_arch = "nvptx64", feature = "bench"))]
-use crate::bench::{empty, spin, touch};
+use crate::bench::{empty, fp8, spin, touch};
 #[cfg(target_arch = "nvptx64")]
 use crate::{
     gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32},

@@ -166,3 +166,9 @@ pub struct BenchSpin;
 #[cfg(feature = "bench")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchTouch;
+
+/// `bench_fp8`: converts f32 pairs to both FP8 formats with [`crate::fp8::Fp8::pack2`] (the
+/// architecture's conversion), for the tests that compare it with the portable twin.
+#[cfg(feature = "bench")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchFp8;

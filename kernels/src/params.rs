@@ -343,6 +343,11 @@ impl Touch {
         }
     }
 
+    /// `bench_fp8`'s parameters: `pairs` f32 pairs at `src`, twice as many u16 at `dst`.
+    pub const fn pairs(src: u64, dst: u64, pairs: u64) -> Touch {
+        Touch { src, dst, chunks: pairs }
+    }
+
     /// Number of 16-byte chunks (one thread each).
     pub fn chunks(&self) -> u64 {
         self.chunks
