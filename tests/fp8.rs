@@ -6,7 +6,6 @@
 
 mod common;
 
-use rope_cuda::reference::splitmix64;
 use rope_cuda_kernels::fp8::{Fp8, NAN};
 
 /// Code `c`'s value from the format's definition (`None`: NaN; E5M2's infinities as such).
@@ -129,17 +128,9 @@ fn every_value_and_every_midpoint() {
 
 #[test]
 fn random_bits_and_random_values() {
+    // The inputs the GPU test converts: every value and midpoint again, then 600,000 seeded
+    // random bit patterns and values spread over both formats' ranges.
     let seed = common::test_seed("fp8::random_bits_and_random_values");
-    let n = 200_000u64;
-    // Any f32 bit pattern (most far outside either range: zeros, saturation, NaN) ...
-    let bits = (0..n).map(|i| f32::from_bits(splitmix64(seed ^ i) as u32));
-    // ... and values spread over both formats' ranges: a random exponent and mantissa.
-    let spread = (0..n).map(|i| {
-        let r = splitmix64(seed.wrapping_add(0x5EED) ^ i);
-        let e = (r >> 40) as i32 % 40 - 22; // 2^-22 .. 2^17
-        let m = (r & 0x7F_FFFF) as u32;
-        f32::from_bits((((e + 127) as u32) << 23) | m | ((r >> 63) as u32) << 31)
-    });
-    assert_eq!(check(bits), 2 * n as usize);
-    assert_eq!(check(spread), 2 * n as usize);
+    let xs = common::fp8_inputs(seed);
+    assert_eq!(check(xs.iter().copied()), 2 * xs.len());
 }

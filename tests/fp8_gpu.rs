@@ -7,44 +7,14 @@ mod common;
 
 use common::gpu;
 use cust::memory::{CopyDestination, DeviceBuffer};
-use rope_cuda::reference::splitmix64;
 use rope_cuda::{archs, bench, Kernels};
 use rope_cuda_kernels::fp8::Fp8;
-
-/// Every value of both formats and the midpoints between neighbours (with the f32 on either
-/// side), the saturation points, specials, and seeded random bits and values.
-fn inputs(seed: u64) -> Vec<f32> {
-    let mut xs = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::MAX, f32::MIN_POSITIVE];
-    xs.push(f32::from_bits(0x7F80_0001));
-    xs.push(f32::from_bits(1));
-    for f in [Fp8::E4M3, Fp8::E5M2] {
-        let mut vals: Vec<f32> = (0u8..0x80).map(|c| f.to_f32(c)).filter(|v| v.is_finite()).collect();
-        vals.sort_by(f32::total_cmp);
-        vals.push(2.0 * f.max());
-        for w in vals.windows(2) {
-            let mid = (w[0] + w[1]) / 2.0;
-            for x in [w[0], mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)] {
-                xs.extend([x, -x]);
-            }
-        }
-    }
-    for i in 0..300_000u64 {
-        let r = splitmix64(seed ^ i);
-        xs.push(f32::from_bits(r as u32));
-        let e = (r >> 40) as i32 % 40 - 22; // 2^-22 .. 2^17: both formats' ranges and past them
-        xs.push(f32::from_bits((((e + 127) as u32) << 23) | (r >> 32) as u32 & 0x7F_FFFF | ((r >> 63) as u32) << 31));
-    }
-    if xs.len() % 2 == 1 {
-        xs.push(1.0);
-    }
-    xs
-}
 
 #[test]
 fn every_architecture_converts_like_the_twin() {
     let Some(g) = gpu("every_architecture_converts_like_the_twin") else { return };
     let seed = common::test_seed("fp8_gpu::every_architecture_converts_like_the_twin");
-    let xs = inputs(seed);
+    let xs = common::fp8_inputs(seed);
     let want: Vec<u16> = xs
         .chunks(2)
         .flat_map(|p| [Fp8::E4M3, Fp8::E5M2].map(|f| ((f.from_f32(p[0]) as u16) << 8) | f.from_f32(p[1]) as u16))
