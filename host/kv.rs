@@ -59,13 +59,11 @@ impl<'a> KvCache<'a> {
     /// # let _ = cache;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn contiguous<K, V>(k: K, v: V, layout: Layout) -> Self
-    where
-        K: OperandMut<'a>,
-        K::Elem: Element,
-        V: OperandMut<'a>,
-        V::Elem: Element,
-    {
+    pub fn contiguous(
+        k: impl OperandMut<'a, Elem: Element>,
+        v: impl OperandMut<'a, Elem: Element>,
+        layout: Layout,
+    ) -> Self {
         KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false }
     }
 
@@ -85,13 +83,7 @@ impl<'a> KvCache<'a> {
     /// assert!(cache.raw().paged);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn paged<K, V>(k: K, v: V, layout: Layout) -> Self
-    where
-        K: OperandMut<'a>,
-        K::Elem: Element,
-        V: OperandMut<'a>,
-        V::Elem: Element,
-    {
+    pub fn paged(k: impl OperandMut<'a, Elem: Element>, v: impl OperandMut<'a, Elem: Element>, layout: Layout) -> Self {
         KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true }
     }
 

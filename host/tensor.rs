@@ -53,11 +53,7 @@ impl<'a> Tensor<'a> {
     /// # let _ = view;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new<O>(buf: O, layout: Layout) -> Self
-    where
-        O: Operand<'a>,
-        O::Elem: Element,
-    {
+    pub fn new<O: Operand<'a, Elem: Element>>(buf: O, layout: Layout) -> Self {
         let (ptr, len, hold) = buf.lend();
         Tensor { raw: RawTensor::new(ptr, len, O::Elem::DTYPE, layout), hold }
     }
@@ -86,11 +82,7 @@ impl<'a> TensorMut<'a> {
     /// # let _ = read_only;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new<O>(buf: O, layout: Layout) -> Self
-    where
-        O: OperandMut<'a>,
-        O::Elem: Element,
-    {
+    pub fn new<O: OperandMut<'a, Elem: Element>>(buf: O, layout: Layout) -> Self {
         let (ptr, len, hold) = buf.lend();
         TensorMut { raw: RawTensor::new(ptr, len, O::Elem::DTYPE, layout), hold }
     }
@@ -113,11 +105,7 @@ impl<'a> TensorMut<'a> {
     /// # let _ = (q, k);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn pair<O>(buf: O, a: Layout, b: Layout) -> (Self, Self)
-    where
-        O: OperandMut<'a>,
-        O::Elem: Element,
-    {
+    pub fn pair(buf: impl OperandMut<'a, Elem: Element>, a: Layout, b: Layout) -> (Self, Self) {
         let first = TensorMut::new(buf, a);
         let second = TensorMut { raw: RawTensor { layout: b, ..first.raw }, hold: first.hold };
         (first, second)
