@@ -363,6 +363,8 @@ impl Name for DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::E4M3 => "e4m3",
+            DType::E5M2 => "e5m2",
         }
     }
 }

@@ -139,7 +139,8 @@ pub struct RopeConfig {
     /// Positions `0..max_position` are valid (a limit the launches check; nothing is allocated
     /// per position).
     pub max_position: usize,
-    /// Element type of q and k.
+    /// Element type of q, k and v: f32, f16 or bf16 (FP8 is a cache's type, not the
+    /// inputs').
     pub dtype: DType,
     /// Whether every call synchronises its stream and returns position errors at once
     /// (see [`Rope::check_errors`](crate::Rope::check_errors)).
@@ -305,6 +306,10 @@ impl RopeConfig {
         }
         if let Some(m) = &self.mrope {
             m.validate(self.rotary_dim / 2)?;
+        }
+        if self.dtype.fp8().is_some() {
+            // FP8 is a cache's type (`KvCache` with scales), never the inputs'.
+            return Err(Error::DType { what: "configuration (q, k and v)", expected: DType::BF16, got: self.dtype });
         }
         self.frequencies().map(drop)
     }

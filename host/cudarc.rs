@@ -53,6 +53,15 @@ impl Sealed for half2::f16 {}
 impl Sealed for half2::bf16 {}
 elements!(half2::f16 => F16, half2::bf16 => BF16);
 
+// SAFETY: one byte, every bit pattern valid (zero is +0), no pointers.
+unsafe impl cudarc::driver::DeviceRepr for crate::F8E4M3 {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::ValidAsZeroBits for crate::F8E4M3 {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for crate::F8E5M2 {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::ValidAsZeroBits for crate::F8E5M2 {}
+
 /// Binds `ctx` to the calling thread and loads the kernels into it.
 ///
 /// ```

@@ -225,6 +225,11 @@ pub enum Error {
     /// one, a contiguous cache takes its rows from the positions and must be given none.
     #[error("{0}")]
     SlotMapping(&'static str),
+    /// The scales do not fit the call: FP8 caches need theirs ([`KvCache::scales`](crate::KvCache::scales)),
+    /// other caches take none, and an FP8 output of q ([`KvAppend::q_fp8`](crate::KvAppend::q_fp8)) needs
+    /// q and FP8 caches.
+    #[error("{0}")]
+    Scales(&'static str),
     /// Multimodal RoPE's sections do not give each stream its pairs: the three sections
     /// (`mrope_section`) must add up to half the rotary dimension, and, interleaved, each of
     /// the height and width sections must fit its every-third pairs. Take the sections from

@@ -5,7 +5,7 @@ use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{KvKey, KvWidth, TableSource};
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, kv_segments, lane_slots, FastDiv, KvParams};
 use rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS;
-use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, SourceView};
+use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, ScalesView, SourceView};
 
 use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
@@ -35,13 +35,15 @@ pub const KV_SCAN_MAX_TOKENS: usize = 256;
 /// `[num_blocks, heads, block_size, head_dim]` is `Layout::bhsd(num_blocks, heads, block_size,
 /// head_dim)`).
 ///
-/// The key and the value cache are each any [`OperandMut`] of an [`Element`], each of its
-/// own type.
+/// The key and the value cache are each any [`OperandMut`] of an [`Element`]: of the inputs'
+/// type, or both of one FP8 format ([`F8E4M3`](crate::F8E4M3), [`F8E5M2`](crate::F8E5M2)) with
+/// their scales ([`KvCache::scales`]).
 #[derive(Debug)]
 pub struct KvCache<'a> {
     k: TensorMut<'a>,
     v: TensorMut<'a>,
     paged: bool,
+    scales: Option<KvScales<'a>>,
 }
 
 impl<'a> KvCache<'a> {
@@ -64,7 +66,7 @@ impl<'a> KvCache<'a> {
         v: impl OperandMut<'a, Elem: Element>,
         layout: Layout,
     ) -> Self {
-        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false }
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false, scales: None }
     }
 
     /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
@@ -84,13 +86,81 @@ impl<'a> KvCache<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn paged(k: impl OperandMut<'a, Elem: Element>, v: impl OperandMut<'a, Elem: Element>, layout: Layout) -> Self {
-        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true }
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true, scales: None }
+    }
+
+    /// The scales of FP8 caches, which FP8 caches need and others refuse: the code stored
+    /// for a value `x` is that of `x / scale` (the f32 quotient).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{F8E4M3, KvCache, KvScales, Layout};
+    /// // An E4M3 cache of 64 pages of 16 slots, 8 kv heads, with one scale per kv head.
+    /// let n = 64 * 16 * 8 * 128;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![F8E4M3(0); n])?, DeviceBuffer::from_slice(&vec![F8E4M3(0); n])?);
+    /// let (ks, vs) = (DeviceBuffer::from_slice(&[0.5f32; 8])?, DeviceBuffer::from_slice(&[0.25f32; 8])?);
+    /// let cache = KvCache::paged(&mut k, &mut v, Layout::bshd(64, 16, 8, 128)).scales(KvScales::per_head(&ks, &vs));
+    /// assert!(cache.raw().scales.is_some_and(|s| s.per_head));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scales(mut self, scales: KvScales<'a>) -> Self {
+        self.scales = Some(scales);
+        self
     }
 
     /// The cache as device addresses, for [`Rope::append_kv_raw`].
     pub fn raw(&self) -> RawKvCache {
-        RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged }
+        RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged, scales: self.scales.as_ref().map(KvScales::raw) }
     }
+}
+
+/// The f32 scales of FP8 caches ([`KvCache::scales`]), engines' two ways: one for all keys
+/// and one for all values, or one per kv head each. Read from device memory when each launch
+/// runs: an engine may update them in place between calls, and a replayed [`Graph`](crate::Graph)
+/// sees the new values.
+#[derive(Debug)]
+pub struct KvScales<'a> {
+    k: (u64, usize, Hold<'a>),
+    v: (u64, usize, Hold<'a>),
+    per_head: bool,
+}
+
+impl<'a> KvScales<'a> {
+    /// One scale for all keys (`k`, one f32) and one for all values (`v`).
+    pub fn per_tensor(k: impl Operand<'a, Elem = f32>, v: impl Operand<'a, Elem = f32>) -> Self {
+        KvScales { k: k.lend(), v: v.lend(), per_head: false }
+    }
+
+    /// One scale per kv head for the keys (`k`, one f32 per kv head) and for the values.
+    pub fn per_head(k: impl Operand<'a, Elem = f32>, v: impl Operand<'a, Elem = f32>) -> Self {
+        KvScales { k: k.lend(), v: v.lend(), per_head: true }
+    }
+
+    /// The scales as device addresses.
+    pub fn raw(&self) -> RawScales {
+        RawScales { k: (self.k.0, self.k.1), v: (self.v.0, self.v.1), per_head: self.per_head }
+    }
+}
+
+/// The scales of FP8 caches as device addresses and lengths in f32 ([`KvScales`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawScales {
+    /// The keys' scales: one f32, or one per kv head.
+    pub k: (u64, usize),
+    /// The values' scales, as many.
+    pub v: (u64, usize),
+    /// One scale per kv head (else one for all heads).
+    pub per_head: bool,
+}
+
+/// q rotated into an FP8 buffer ([`KvAppend::q_fp8`]), as device addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawQFp8 {
+    /// The FP8 output, of q's shape and the caches' format.
+    pub out: RawTensor,
+    /// q's scale: device address and length (one f32).
+    pub scale: (u64, usize),
 }
 
 /// A KV cache as device addresses (see [`KvCache`]).
@@ -102,6 +172,8 @@ pub struct RawKvCache {
     pub v: RawTensor,
     /// Paged (slots given per token) or contiguous (positions name the rows).
     pub paged: bool,
+    /// FP8 caches' scales (none for other caches).
+    pub scales: Option<RawScales>,
 }
 
 /// Everything one KV append takes ([`Rope::append_kv`]), built: new keys and values, the
@@ -124,7 +196,7 @@ pub struct RawKvCache {
 /// ```
 #[derive(Debug)]
 pub struct KvAppend<'r, 'a> {
-    q: Option<&'r mut TensorMut<'a>>,
+    q: Option<QArg<'r, 'a>>,
     k: &'r Tensor<'a>,
     v: &'r Tensor<'a>,
     cache: &'r mut KvCache<'a>,
@@ -146,7 +218,15 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     /// Also rotates the queries `q` (`[batch, seq, q_heads, head_dim]`) in place, in the same
     /// launch.
     pub fn q(mut self, q: &'r mut TensorMut<'a>) -> Self {
-        self.q = Some(q);
+        self.q = Some(QArg::InPlace(q));
+        self
+    }
+
+    /// Also rotates the queries `q` into `out`, an FP8 buffer of q's shape and the caches'
+    /// format (FP8 caches only), each value divided by `scale`'s one f32 before the
+    /// conversion, as the caches' are: FP8 attention's queries. `q` itself is not modified.
+    pub fn q_fp8(mut self, q: &'r Tensor<'a>, out: &'r mut TensorMut<'a>, scale: impl Operand<'a, Elem = f32>) -> Self {
+        self.q = Some(QArg::Fp8(q, out, scale.lend()));
         self
     }
 
@@ -159,7 +239,14 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     /// The append as device addresses, for [`Rope::append_kv_raw`] and [`validate_append`].
     pub fn raw(&self) -> RawKvArgs {
         RawKvArgs {
-            q: self.q.as_ref().map(|q| q.raw),
+            q: self.q.as_ref().map(|q| match q {
+                QArg::InPlace(q) => q.raw,
+                QArg::Fp8(q, ..) => q.raw,
+            }),
+            q_fp8: match &self.q {
+                Some(QArg::Fp8(_, out, (ptr, len, _))) => Some(RawQFp8 { out: out.raw, scale: (*ptr, *len) }),
+                _ => None,
+            },
             k: self.k.raw,
             v: self.v.raw,
             cache: self.cache.raw(),
@@ -169,26 +256,46 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     }
 
     /// Each buffer's name and hold.
-    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 7] {
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 11] {
+        let (q, q_out, q_scale) = match &self.q {
+            None => (None, None, None),
+            Some(QArg::InPlace(q)) => (Some(&q.hold), None, None),
+            Some(QArg::Fp8(q, out, (_, _, scale))) => (Some(&q.hold), Some(&out.hold), Some(scale)),
+        };
+        let scales = self.cache.scales.as_ref();
         [
-            ("q", self.q.as_ref().map(|q| &q.hold)),
+            ("q", q),
+            ("q out", q_out),
+            ("q scale", q_scale),
             ("k", Some(&self.k.hold)),
             ("v", Some(&self.v.hold)),
             ("k cache", Some(&self.cache.k.hold)),
             ("v cache", Some(&self.cache.v.hold)),
+            ("k scales", scales.map(|s| &s.k.2)),
+            ("v scales", scales.map(|s| &s.v.2)),
             ("positions", Some(&self.positions.hold)),
             ("slots", self.slots.as_ref().map(|(_, _, hold)| hold)),
         ]
     }
 }
 
+/// The queries of an append: rotated in place, or into an FP8 buffer with their scale.
+#[derive(Debug)]
+enum QArg<'r, 'a> {
+    InPlace(&'r mut TensorMut<'a>),
+    Fp8(&'r Tensor<'a>, &'r mut TensorMut<'a>, (u64, usize, Hold<'a>)),
+}
+
 /// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]). Each
 /// tensor carries its element type: q's, k's and v's must be the configuration's, and the
-/// caches' one a kernel writes from it (so far: the same).
+/// caches' the same, or both one FP8 format (with scales).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawKvArgs {
-    /// Queries `[batch, seq, q_heads, head_dim]` to rotate in place in the same launch.
+    /// Queries `[batch, seq, q_heads, head_dim]` to rotate in the same launch: in place, or,
+    /// with `q_fp8`, into an FP8 buffer.
     pub q: Option<RawTensor>,
+    /// q's FP8 output and scale (FP8 caches only; needs `q`).
+    pub q_fp8: Option<RawQFp8>,
     /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
     pub k: RawTensor,
     /// New values, same shape as `k`, copied into the value cache.
@@ -245,13 +352,18 @@ pub(crate) struct KvPlan {
 
 impl KvPlan {
     /// The buffers the launch touches, for the device check.
-    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 7] {
+    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 11] {
+        let scales = args.cache.scales;
         [
             ("q", args.q.map_or(0, |t| t.ptr)),
+            ("q out", args.q_fp8.map_or(0, |q| q.out.ptr)),
+            ("q scale", args.q_fp8.map_or(0, |q| q.scale.0)),
             ("k", args.k.ptr),
             ("v", args.v.ptr),
             ("k cache", args.cache.k.ptr),
             ("v cache", args.cache.v.ptr),
+            ("k scales", scales.map_or(0, |s| s.k.0)),
+            ("v scales", scales.map_or(0, |s| s.v.0)),
             ("positions", self.params.positions.address()),
             ("slots", self.params.cache.mapping()),
         ]
@@ -279,6 +391,33 @@ impl KvPlan {
         // tables, records and owner array belong to the caller; scanning kernels get their
         // shared memory and at most `KV_SCAN_MAX_TOKENS` tokens.
         unsafe { core.launch(self.key, self.geometry, shared, &p, stream, checked) }
+    }
+}
+
+/// The scales of `cache`, checked: FP8 caches (`fp8`) need them, others take none; each
+/// buffer holds one f32, or, per head, one per kv head, and is aligned for f32.
+fn check_scales(cache: &RawKvCache, fp8: bool, kv_heads: usize) -> Result<Option<RawScales>> {
+    match (cache.scales, fp8) {
+        (None, false) => Ok(None),
+        (None, true) => Err(Error::Scales("FP8 caches need their scales (KvCache::scales)")),
+        (Some(_), false) => Err(Error::Scales("only FP8 caches take scales")),
+        (Some(s), true) => {
+            let n = if s.per_head { kv_heads } else { 1 };
+            check_scale("k scales", s.k, n)?;
+            check_scale("v scales", s.v, n)?;
+            Ok(Some(s))
+        }
+    }
+}
+
+/// A scale buffer `(address, length)` holds `n` f32 and is aligned for them.
+fn check_scale(what: &'static str, (ptr, len): (u64, usize), n: usize) -> Result<()> {
+    if len != n {
+        return Err(Error::Length { what, shape: vec![n], expected: n, got: len });
+    }
+    match ptr % 4 {
+        0 => Ok(()),
+        _ => Err(Error::Alignment { what, address: ptr, align: 4 }),
     }
 }
 
@@ -333,13 +472,44 @@ pub(crate) fn plan_kv(
     check_view("k cache", &cache.k)?;
     check_view("v cache", &cache.v)?;
     check_written("cache", &cl)?;
-    // What is written (q in place, both caches) shares nothing with anything else.
+    // FP8 caches: one format for both, their scales, and q's FP8 output.
+    let fp8 = cache.k.dtype.fp8();
+    if fp8.is_some() && cache.v.dtype != cache.k.dtype {
+        return Err(Error::DType { what: "v cache", expected: cache.k.dtype, got: cache.v.dtype });
+    }
+    let scales = check_scales(cache, fp8.is_some(), kv_heads)?;
+    let q_fp8 = match (args.q_fp8, &args.q) {
+        (None, _) => None,
+        (Some(_), None) => return Err(Error::Scales("an FP8 output of q needs q (RawKvArgs::q)")),
+        (Some(_), Some(_)) if fp8.is_none() => {
+            return Err(Error::Scales("an FP8 output of q needs FP8 caches, of its format"));
+        }
+        (Some(o), Some(q)) => {
+            if o.out.dtype != cache.k.dtype {
+                return Err(Error::DType { what: "q out", expected: cache.k.dtype, got: o.out.dtype });
+            }
+            for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
+                check_axis("q out", axis, q.layout.shape[i], o.out.layout.shape[i])?;
+            }
+            check_view("q out", &o.out)?;
+            check_written("q out", &o.out.layout)?;
+            check_scale("q scale", o.scale, 1)?;
+            Some(o)
+        }
+    };
+    // What is written (q in place or its FP8 output, both caches) shares nothing with anything
+    // else, the scales included.
+    let scale_tensor = |(ptr, len): (u64, usize)| RawTensor::new(ptr, len, DType::F32, Layout::bshd(1, 1, 1, len));
     let entries = [
-        ("q", args.q, true),
+        ("q", args.q, q_fp8.is_none()),
+        ("q out", q_fp8.map(|o| o.out), true),
         ("k", Some(args.k), false),
         ("v", Some(args.v), false),
         ("k cache", Some(cache.k), true),
         ("v cache", Some(cache.v), true),
+        ("k scales", cache.scales.map(|s| scale_tensor(s.k)), false),
+        ("v scales", cache.scales.map(|s| scale_tensor(s.v)), false),
+        ("q scale", q_fp8.map(|o| scale_tensor(o.scale)), false),
     ];
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
@@ -386,7 +556,7 @@ pub(crate) fn plan_kv(
         return Ok(None);
     }
 
-    let views = [args.q, Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
+    let views = [args.q, q_fp8.map(|o| o.out), Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
     let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten());
     let claim = tokens > KV_SCAN_MAX_TOKENS;
     let width = match vector {
@@ -417,10 +587,14 @@ pub(crate) fn plan_kv(
         None => CacheView::contiguous(kc, vc, strides, nb, bs),
     };
     let params = KvParams {
-        q: args.q.as_ref().map(|q| heads_view(q, None)).unwrap_or_default(),
+        q: args.q.as_ref().map(|q| heads_view(q, q_fp8.as_ref().map(|o| &o.out))).unwrap_or_default(),
         k: heads_view(&args.k, None),
         v: heads_view(&args.v, None),
         cache: cache_view.with_types(cache.k.dtype, cache.v.dtype),
+        scales: match (scales, q_fp8) {
+            (Some(s), q) => ScalesView::new(s.k.0, s.v.0, s.per_head).with_q(q.map_or(0, |o| o.scale.0)),
+            (None, _) => ScalesView::default(),
+        },
         owners: OwnerView::SCAN,
         // The scanning kernels (few tokens) copy the angle table into shared memory while
         // the positions load (see `ComputedView::with_staged`).
@@ -466,9 +640,10 @@ pub(crate) fn plan_kv(
 /// let cache = Layout::bshd(64, 16, 8, 128); // 64 pages of 16 slots
 /// let args = RawKvArgs {
 ///     q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
+///     q_fp8: None,
 ///     k: t(2, new),
 ///     v: t(3, new),
-///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true },
+///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
 ///     slots: Some((7 << 30, 4)),
 /// };
@@ -552,6 +727,7 @@ impl Rope {
     /// let raw = |b: &DeviceBuffer<f32>| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), DType::F32, new);
     /// let args = RawKvArgs {
     ///     q: None,
+    ///     q_fp8: None,
     ///     k: raw(&k),
     ///     v: raw(&v),
     ///     cache: KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw(),
@@ -600,12 +776,14 @@ mod tests {
     fn args() -> RawKvArgs {
         RawKvArgs {
             q: Some(tensor(1, Layout::bshd(2, 3, 8, 128))),
+            q_fp8: None,
             k: tensor(2, Layout::bshd(2, 3, 2, 128)),
             v: tensor(3, Layout::bshd(2, 3, 2, 128)),
             cache: RawKvCache {
                 k: tensor(4, Layout::bshd(10, 16, 2, 128)),
                 v: tensor(5, Layout::bshd(10, 16, 2, 128)),
                 paged: true,
+                scales: None,
             },
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * BASE, len: 6 },
             slots: Some((7 * BASE, 6)),
@@ -826,6 +1004,12 @@ mod tests {
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
                             let key = KvKey { style, types: KvTypes::uniform(dtype), width, tables: source, mrope };
                             assert!(key.entry_point().is_some(), "{key:?}");
+                            // FP8 caches of either format: one entry point for both.
+                            let [e4, e5] = [DType::E4M3, DType::E5M2].map(|f| {
+                                let types = KvTypes { cache_k: f, cache_v: f, ..KvTypes::uniform(dtype) };
+                                KvKey { types, ..key }.entry_point()
+                            });
+                            assert!(e4.is_some() && e4 == e5, "{key:?}");
                         }
                     }
                 }
@@ -853,6 +1037,160 @@ mod tests {
                 assert!(key.entry_point().is_some(), "{key:?}");
             }
         }
+    }
+
+    /// [`args`] with E4M3 caches and per-head scales (and, `q_fp8`, q into an FP8 buffer).
+    fn fp8_args(q_fp8: bool) -> RawKvArgs {
+        let mut a = args();
+        let cache = |i| RawTensor { dtype: DType::E4M3, ..tensor(i, Layout::bshd(10, 16, 2, 128)) };
+        a.cache.k = cache(4);
+        a.cache.v = cache(5);
+        a.cache.scales = Some(RawScales { k: (8 * BASE, 2), v: (9 * BASE, 2), per_head: true });
+        if q_fp8 {
+            let out = RawTensor { dtype: DType::E4M3, ..tensor(10, Layout::bshd(2, 3, 8, 128)) };
+            a.q_fp8 = Some(RawQFp8 { out, scale: (11 * BASE, 1) });
+        }
+        a
+    }
+
+    #[test]
+    fn fp8_caches_plan_with_their_scales() {
+        for q_fp8 in [false, true] {
+            let a = fp8_args(q_fp8);
+            let p = plan_kv(&spec(), &a).unwrap().unwrap();
+            assert_eq!((p.key.types.cache_k, p.key.types.cache_v), (DType::E4M3, DType::E4M3));
+            assert!(p.key.entry_point().is_some_and(|e| e.name().contains("_bf16_fp8_")), "{:?}", p.key);
+            assert_eq!(p.params.scales.head(false, 1), (8 * BASE + 4, 1));
+            assert_eq!(p.params.scales.head(true, 0), (9 * BASE, 1));
+            assert_eq!(p.params.scales.q(), if q_fp8 { 11 * BASE } else { 0 });
+            assert_eq!(
+                (p.params.q.output, p.params.q.out_type),
+                match q_fp8 {
+                    true => (10 * BASE, DType::E4M3),
+                    false => (0, DType::BF16),
+                }
+            );
+            // The same decode width as 16-bit caches: the FP8 rows are 8-byte aligned.
+            assert_eq!(p.key.width, KvWidth::Decode);
+        }
+        // One scale for all heads.
+        let mut a = fp8_args(false);
+        a.cache.scales = Some(RawScales { k: (8 * BASE, 1), v: (9 * BASE, 1), per_head: false });
+        assert_eq!(plan_kv(&spec(), &a).unwrap().unwrap().params.scales.head(false, 1), (8 * BASE, 0));
+    }
+
+    #[test]
+    fn fp8_misuse_has_its_own_error() {
+        let scales = |k: (u64, usize), v: (u64, usize), per_head| Some(RawScales { k, v, per_head });
+        type Case = (&'static str, RawKvArgs, fn(&Error) -> bool);
+        let cases: Vec<Case> = vec![
+            (
+                "no scales",
+                RawKvArgs { cache: RawKvCache { scales: None, ..fp8_args(false).cache }, ..fp8_args(false) },
+                |e| matches!(e, Error::Scales(_)),
+            ),
+            (
+                "scales on a bf16 cache",
+                RawKvArgs { cache: RawKvCache { scales: fp8_args(false).cache.scales, ..args().cache }, ..args() },
+                |e| matches!(e, Error::Scales(_)),
+            ),
+            (
+                "k scales per head, one",
+                RawKvArgs {
+                    cache: RawKvCache { scales: scales((8 * BASE, 1), (9 * BASE, 2), true), ..fp8_args(false).cache },
+                    ..fp8_args(false)
+                },
+                |e| matches!(e, Error::Length { what: "k scales", expected: 2, got: 1, .. }),
+            ),
+            (
+                "v scales per tensor, two",
+                RawKvArgs {
+                    cache: RawKvCache { scales: scales((8 * BASE, 1), (9 * BASE, 2), false), ..fp8_args(false).cache },
+                    ..fp8_args(false)
+                },
+                |e| matches!(e, Error::Length { what: "v scales", expected: 1, got: 2, .. }),
+            ),
+            (
+                "misaligned scales",
+                RawKvArgs {
+                    cache: RawKvCache {
+                        scales: scales((8 * BASE + 2, 2), (9 * BASE, 2), true),
+                        ..fp8_args(false).cache
+                    },
+                    ..fp8_args(false)
+                },
+                |e| matches!(e, Error::Alignment { what: "k scales", .. }),
+            ),
+            (
+                "scales inside the cache",
+                RawKvArgs {
+                    cache: RawKvCache {
+                        scales: scales((4 * BASE + 64, 2), (9 * BASE, 2), true),
+                        ..fp8_args(false).cache
+                    },
+                    ..fp8_args(false)
+                },
+                |e| matches!(e, Error::Aliasing { .. }),
+            ),
+            (
+                "mixed formats",
+                RawKvArgs {
+                    cache: RawKvCache {
+                        v: RawTensor { dtype: DType::E5M2, ..fp8_args(false).cache.v },
+                        ..fp8_args(false).cache
+                    },
+                    ..fp8_args(false)
+                },
+                |e| matches!(e, Error::DType { what: "v cache", expected: DType::E4M3, got: DType::E5M2 }),
+            ),
+            ("q out without FP8 caches", RawKvArgs { q_fp8: fp8_args(true).q_fp8, ..args() }, |e| {
+                matches!(e, Error::Scales(_))
+            }),
+            ("q out without q", RawKvArgs { q: None, ..fp8_args(true) }, |e| matches!(e, Error::Scales(_))),
+            (
+                "q out of the other format",
+                {
+                    let mut a = fp8_args(true);
+                    a.q_fp8.as_mut().unwrap().out.dtype = DType::E5M2;
+                    a
+                },
+                |e| matches!(e, Error::DType { what: "q out", expected: DType::E4M3, got: DType::E5M2 }),
+            ),
+            (
+                "q out of the wrong shape",
+                {
+                    let mut a = fp8_args(true);
+                    a.q_fp8.as_mut().unwrap().out.layout = Layout::bshd(2, 3, 4, 128);
+                    a
+                },
+                |e| matches!(e, Error::Shape { what: "q out", axis: "heads", .. }),
+            ),
+            (
+                "q scale of two",
+                {
+                    let mut a = fp8_args(true);
+                    a.q_fp8.as_mut().unwrap().scale.1 = 2;
+                    a
+                },
+                |e| matches!(e, Error::Length { what: "q scale", .. }),
+            ),
+            (
+                "q out over the key cache",
+                {
+                    let mut a = fp8_args(true);
+                    a.q_fp8.as_mut().unwrap().out.ptr = 4 * BASE;
+                    a
+                },
+                |e| matches!(e, Error::Aliasing { .. }),
+            ),
+        ];
+        for (what, a, want) in cases {
+            let e = err(&a);
+            assert!(want(&e), "{what}: {e:?}");
+        }
+        // FP8 is never the inputs' type.
+        let config = RopeConfig::new(128, 4096).dtype(DType::E4M3);
+        assert!(matches!(config.validate(), Err(Error::DType { got: DType::E4M3, .. })));
     }
 
     /// The GPU-free check of the append is the launch's own: it accepts what the launch

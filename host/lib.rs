@@ -88,6 +88,7 @@ mod alloc;
 mod config;
 mod driver;
 mod error;
+mod fp8;
 mod graph;
 mod hf_config;
 mod kernels;
@@ -106,14 +107,18 @@ pub use config::{
     MAX_POSITION_LIMIT,
 };
 pub use error::{ConfigError, Error, Result};
+pub use fp8::{F8E4M3, F8E5M2};
 pub use graph::Graph;
 pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
 pub use kernels::{archs, ptx, Kernels, LoadStats};
-pub use kv::{validate_append, KvAppend, KvCache, RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
+pub use kv::{
+    validate_append, KvAppend, KvCache, KvScales, RawKvArgs, RawKvCache, RawQFp8, RawScales, KV_SCAN_MAX_TOKENS,
+};
 pub use layout::Layout;
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
 pub use rope::{validate, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;
+pub use rope_cuda_kernels::fp8::Fp8;
 pub use scaling::RopeScaling;
 pub use table::{row as table_row, HostTable, RopeTable};
 pub use tensor::{PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};

@@ -44,7 +44,8 @@ pub trait Scalar: sealed::Sealed + Copy + 'static {
 }
 
 /// The float element types, those of [`DType`]: `f32`, `half::f16` and `half::bf16` (and
-/// with the feature `cudarc`, half 2's `f16` and `bf16`).
+/// with the feature `cudarc`, half 2's `f16` and `bf16`), and the FP8 codes of caches
+/// ([`F8E4M3`](crate::F8E4M3), [`F8E5M2`](crate::F8E5M2)).
 pub trait Element: Scalar {
     /// The matching [`DType`].
     const DTYPE: DType;
@@ -61,7 +62,6 @@ macro_rules! elements {
         }
     )*};
 }
-#[cfg(feature = "cudarc")]
 pub(crate) use elements;
 
 elements!(f32 => F32, half::f16 => F16, half::bf16 => BF16);

@@ -27,6 +27,10 @@ const STYLES: [Value; 2] = [v("neox", "RopeStyle::NeoX", "NeoX"), v("gptj", "Rop
 /// part, the inputs' type (q, k, v; q rotated in place keeps it) and the outputs' type
 /// (RoPE's q and k outputs, the caches), each as `DType`'s variant.
 const TYPES: [(&str, &str, &str); 3] = [("f32", "F32", "F32"), ("f16", "F16", "F16"), ("bf16", "BF16", "BF16")];
+/// The KV appends' further operand types: FP8 caches (`FP8`: either format, the launch's),
+/// from inputs of each type.
+const FP8_TYPES: [(&str, &str, &str); 3] =
+    [("f32_fp8", "F32", "FP8"), ("f16_fp8", "F16", "FP8"), ("bf16_fp8", "BF16", "FP8")];
 
 /// The kernels' element type of a `DType` variant.
 fn elem(d: &str) -> &'static str {
@@ -43,9 +47,13 @@ fn rope_types((_, i, o): (&str, &str, &str)) -> String {
     format!("RopeTypes {{ q: DType::{i}, k: DType::{i}, q_out: DType::{o}, k_out: DType::{o} }}")
 }
 
-/// The key pattern of a KV kernel's operand types.
+/// The key pattern of a KV kernel's operand types (FP8: either format).
 fn kv_types((_, i, o): (&str, &str, &str)) -> String {
-    format!("KvTypes {{ q: DType::{i}, k: DType::{i}, v: DType::{i}, cache_k: DType::{o}, cache_v: DType::{o} }}")
+    let o = match o {
+        "FP8" => "DType::E4M3 | DType::E5M2".to_string(),
+        _ => format!("DType::{o}"),
+    };
+    format!("KvTypes {{ q: DType::{i}, k: DType::{i}, v: DType::{i}, cache_k: {o}, cache_v: {o} }}")
 }
 /// The library's source of cos and sin: its table, or computed (`_c`).
 const SOURCES: [Value; 2] = [v("", "TableSource::Table", "LibTable"), v("_c", "TableSource::Computed", "Computed")];
@@ -67,8 +75,8 @@ const KV_WIDTHS: [Value; 4] = [
 const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
 
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
-/// `i` and outputs of type `o` (`DType` variants): rotating lanes' load and store, copying
-/// lanes' load and store, as the body's generic arguments.
+/// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,
+/// copying lanes' load and store, as the body's generic arguments.
 fn io(width: &str, style: &str, i: &str, o: &str) -> String {
     let access = |t: &str| match width {
         "s" if style == "GptJ" => (format!("Two<{t}>"), format!("One<{t}>")),
@@ -76,10 +84,24 @@ fn io(width: &str, style: &str, i: &str, o: &str) -> String {
         "d" => (format!("Vec8<{t}>"), format!("Vec8<{t}>")),
         _ => (format!("Vec16<{t}>"), format!("Vec16<{t}>")),
     };
-    // A store moves as many elements as its load: of the same access where the sizes agree
-    // (the only combinations listed so far).
-    assert_eq!(size(elem(i)), size(elem(o)), "no store access for {i} -> {o}");
-    let ((r, c), (w, d)) = (access(elem(i)), access(elem(o)));
+    let (r, c) = access(elem(i));
+    // A store moves as many elements as its load: of the same access where the sizes agree;
+    // FP8, as many bytes as the load's elements (byte by byte where the load goes element by
+    // element).
+    let (w, d) = match o {
+        "FP8" => match width {
+            "s" if style == "GptJ" => ("F8Bytes<2>".to_string(), "F8Bytes<1>".to_string()),
+            "s" => ("F8Bytes<1>".to_string(), "F8Bytes<1>".to_string()),
+            _ => {
+                let e = if width == "d" { 8 } else { 16 } / size(elem(i));
+                (format!("F8Vec<{e}>"), format!("F8Vec<{e}>"))
+            }
+        },
+        _ => {
+            assert_eq!(size(elem(i)), size(elem(o)), "no store access for {i} -> {o}");
+            access(elem(o))
+        }
+    };
     format!("{r}, {w}, {c}, {d}")
 }
 
@@ -154,11 +176,11 @@ fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &V
 
 fn kv_rows(out: &mut String) {
     for style in &STYLES {
-        for types in TYPES {
+        for types in TYPES.into_iter().chain(FP8_TYPES) {
             for (width, rows, source) in variants(&KV_WIDTHS) {
                 kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
             }
-            if style.ty == "GptJ" {
+            if style.ty == "GptJ" && types.2 != "FP8" {
                 // The caller's tables, in the inputs' type (f32: its own table type).
                 let t = elem(types.1);
                 let table = if t == "F32" { "F32Table".to_string() } else { format!("ElemTable<{t}>") };
@@ -205,6 +227,11 @@ fn main() {
             "Element types of the operands (inputs, outputs)",
             "TYPES",
             TYPES.iter().map(|t| format!("{:?}", t.0)).collect::<Vec<_>>().join(", "),
+        ),
+        (
+            "The KV appends' further operand types (FP8 caches)",
+            "FP8_TYPES",
+            FP8_TYPES.iter().map(|t| format!("{:?}", t.0)).collect::<Vec<_>>().join(", "),
         ),
         ("Sources of cos and sin (the library's)", "SOURCES", names(&SOURCES)),
         ("Position rows (one position, MRoPE's streams)", "ROWS", names(&ROWS)),

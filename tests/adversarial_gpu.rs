@@ -140,6 +140,7 @@ fn run_with(g: &Gpu, rope: &Rope, call: &Call, seed: u64) -> Result<(), String> 
         DType::F32 => run::<f32>(g, rope, call, seed),
         DType::F16 => run::<f16>(g, rope, call, seed),
         DType::BF16 => run::<bf16>(g, rope, call, seed),
+        DType::E4M3 | DType::E5M2 => Err("configurations are not FP8".into()),
     }
 }
 

@@ -134,3 +134,119 @@ fn random_bits_and_random_values() {
     let xs = common::fp8_inputs(seed);
     assert_eq!(check(xs.iter().copied()), 2 * xs.len());
 }
+
+/// `Fp8::margin` is a safe distance: every f32 nearer to `q` than it converts to `q`'s code
+/// (checked at the nearest f32 on each side inside it: the conversion is monotone), and it is
+/// not uselessly small (the kernels redo a lane whenever it is below the fast path's error).
+#[test]
+fn margins_keep_the_code() {
+    use rope_cuda::reference::splitmix64;
+    let seed = common::test_seed("fp8::margins_keep_the_code");
+    let mut xs = common::fp8_inputs(seed);
+    // Points right at and beside every midpoint and code, where the margin must be 0 or tiny.
+    for f in [Fp8::E4M3, Fp8::E5M2] {
+        for c in 0u8..0x7F {
+            let v = f.to_f32(c);
+            if v.is_finite() {
+                xs.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits().max(1) - 1)]);
+            }
+        }
+    }
+    let (mut checked, mut tiny) = (0usize, 0usize);
+    for f in [Fp8::E4M3, Fp8::E5M2] {
+        for &q in &xs {
+            let m = f.margin(q);
+            assert!(m >= 0.0 && m <= q.abs() || q.is_nan(), "{f:?} margin({q:e}) = {m:e}");
+            if m == 0.0 {
+                continue;
+            }
+            let code = f.from_f32(q);
+            for side in [1.0f32, -1.0] {
+                // The f32 farthest from q on this side still strictly within the margin.
+                // (q + side m is exact in f64; the f32 nearest it is at most half an ulp out,
+                // so one step toward q brings it inside.)
+                let mut inside = (q as f64 + side as f64 * m as f64) as f32;
+                if (inside as f64 - q as f64).abs() >= m as f64 {
+                    inside = if side > 0.0 { inside.next_down() } else { inside.next_up() };
+                }
+                assert_eq!(f.from_f32(inside), code, "{f:?}: q {q:e}, margin {m:e}, at {inside:e}");
+                checked += 1;
+            }
+            if q.abs() > 1e-3 && q.abs() < f.max() && m < q.abs() * 2f32.powi(-20) {
+                tiny += 1;
+            }
+        }
+    }
+    assert!(checked > 1_000_000, "{checked}");
+    // Random values lie farther than 2^-20 of themselves from every midpoint except about
+    // 2^-20 * 2^m of them; the structured points above are all tiny.
+    assert!(tiny < 20_000, "{tiny} margins below 2^-20 of their value");
+    let _ = splitmix64;
+}
+
+/// The exact `a * b + c * d + e * f + g * h` of f32 operands, rounded to the nearest f32:
+/// each product is exact in f64, their sum is kept as a double-double, and a tie of the f32
+/// rounding is settled by the low part.
+fn exact_dot4(t: [(f32, f32); 4]) -> f32 {
+    let two_sum = |a: f64, b: f64| {
+        let s = a + b;
+        let bb = s - a;
+        (s, (a - (s - bb)) + (b - bb))
+    };
+    let (mut hi, mut lo) = (0.0f64, 0.0f64);
+    for (a, b) in t {
+        let (s, e) = two_sum(hi, a as f64 * b as f64);
+        let (s2, e2) = two_sum(s, lo + e);
+        (hi, lo) = (s2, e2);
+    }
+    let r = hi as f32;
+    let diff = hi - r as f64;
+    let half = (r.next_up() as f64 - r as f64).min(r as f64 - r.next_down() as f64) / 2.0;
+    if diff.abs() == half && lo != 0.0 {
+        // hi is a midpoint: the low part decides.
+        return if (lo > 0.0) == (diff > 0.0) { (hi + diff) as f32 } else { (hi - diff) as f32 };
+    }
+    r
+}
+
+/// `rotate_pair_rounded` is the f32 nearest the exact rotation by the split cos and sin,
+/// unless the rotation cancels to below about 2^-20 of its inputs (its sum before the last
+/// rounding is within about 2^-47 of the terms); the fast rotation often misses it.
+#[test]
+fn the_rounded_rotation_is_the_nearest_f32() {
+    use rope_cuda::reference::splitmix64;
+    use rope_cuda_kernels::math::{rotate_pair_fast, rotate_pair_rounded, split_f64};
+    let seed = common::test_seed("fp8::the_rounded_rotation_is_the_nearest_f32");
+    let (mut fast_off, mut n, mut cancelled) = (0, 0, 0);
+    for i in 0..200_000u64 {
+        let r = splitmix64(seed ^ i);
+        let x0 = f32::from_bits(0x3F00_0000 | (r as u32 & 0x7F_FFFF)) * if r >> 63 == 1 { -1.0 } else { 1.0 };
+        let angle = (r >> 32) as f64 / 2f64.powi(32) * std::f64::consts::TAU;
+        let (s, c) = angle.sin_cos();
+        // Half the cases cancel: x1 chosen so that x0 cos nearly equals x1 sin.
+        let x1 = match i % 2 {
+            0 => (x0 as f64 * c / s) as f32,
+            _ => f32::from_bits(0x3F00_0000 | (r >> 8) as u32 & 0x7F_FFFF),
+        };
+        let (cs, ss) = (split_f64(c), split_f64(s));
+        let (y0, y1) = rotate_pair_rounded(x0, x1, cs, ss);
+        let e0 = exact_dot4([(x0, cs.0), (x0, cs.1), (-x1, ss.0), (-x1, ss.1)]);
+        let e1 = exact_dot4([(x1, cs.0), (x1, cs.1), (x0, ss.0), (x0, ss.1)]);
+        let scale = (x0.abs() + x1.abs()) as f64;
+        for (y, e) in [(y0, e0), (y1, e1)] {
+            if (e.abs() as f64) < scale * 2f64.powi(-20) {
+                cancelled += 1;
+                let err = (y as f64 - e as f64).abs();
+                assert!(err <= scale * 2f64.powi(-46), "({x0:e}, {x1:e}) at {angle}: {y:e} vs {e:e}");
+            } else {
+                assert_eq!(y, e, "({x0:e}, {x1:e}) at {angle}");
+            }
+        }
+        let (f0, f1) = rotate_pair_fast(x0, x1, cs.0, ss.0);
+        fast_off += usize::from(f0 != e0) + usize::from(f1 != e1);
+        n += 2;
+    }
+    // The fast rotation is not enough for FP8's double rounding: it misses often.
+    assert!(fast_off > n / 100, "{fast_off} of {n}");
+    assert!(cancelled > 1000 && cancelled <= n / 2, "{cancelled}");
+}

@@ -351,6 +351,7 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             let raw = |layout| RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout);
             let args = RawKvArgs {
                 q: (hq > 0).then(|| raw(q_l)),
+                q_fp8: None,
                 k: raw(k_l),
                 v: raw(v_l),
                 cache: cache_view.raw(),

@@ -321,9 +321,10 @@ fn mrope_misuse_is_a_typed_error() {
     let cache = Layout::bshd(2, 64, 2, 128);
     let append = RawKvArgs {
         q: Some(q),
+        q_fp8: None,
         k: raw(2, new),
         v: raw(3, new),
-        cache: RawKvCache { k: raw(4, cache), v: raw(5, cache), paged: false },
+        cache: RawKvCache { k: raw(4, cache), v: raw(5, cache), paged: false, scales: None },
         positions: RawPositions { kind: PositionKind::StreamsI32, ptr: 9 * BASE, len: 18 },
         slots: None,
     };

@@ -3,7 +3,9 @@
 
 use std::sync::LazyLock;
 
-use rope_cuda_kernels::entries::axes::{CALLER_WIDTHS, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES};
+use rope_cuda_kernels::entries::axes::{
+    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
+};
 use rope_cuda_kernels::entries::EntryPoint;
 
 /// Every embedded architecture's PTX text, oldest first.
@@ -56,14 +58,15 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
     assert_eq!(vector.len(), per_width * (ROPE_WIDTHS.len() - 1));
     assert_eq!(named("rope_").len(), per_width * ROPE_WIDTHS.len());
-    // Every KV width with each row kind and source; the caller's tables (GPT-J, one row) at
-    // their widths in each element type; the claim.
-    assert_eq!(named("kv_").len(), per_width * KV_WIDTHS.len() + TYPES.len() * CALLER_WIDTHS.len() + 1);
+    // Every KV width with each row kind and source, into caches of the inputs' type and into
+    // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
+    // claim.
+    let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
+    let kv = (per_width + fp8_per_width) * KV_WIDTHS.len() + TYPES.len() * CALLER_WIDTHS.len() + 1;
+    assert_eq!(named("kv_").len(), kv);
+    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * KV_WIDTHS.len());
     // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
-    assert_eq!(
-        named("").len(),
-        per_width * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + TYPES.len() * CALLER_WIDTHS.len() + 1 + 4
-    );
+    assert_eq!(named("").len(), per_width * ROPE_WIDTHS.len() + kv + 4);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
@@ -80,8 +83,19 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
         let v = if name.contains("_d") { "v2" } else { "v4" };
         let (ld, st) = (format!("ld.global.{v}.b32"), format!("st.global.{v}.b32"));
         assert!(b.contains(&ld) && b.contains(&st), "{name}: no {v} access");
-        for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16"] {
-            assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
+        // FP8 caches take as many bytes as the loads' elements: 8 from 16 bytes of 16-bit
+        // inputs, 4 from f32's (and from 8 bytes of 16-bit inputs), 2 from 8 bytes of f32.
+        let fp8_store = match (name.contains("_fp8_"), name.contains("f32"), v) {
+            (false, ..) => None,
+            (true, false, "v4") => Some("st.global.v2.b32"),
+            (true, true, "v2") => Some("st.global.b16"),
+            (true, ..) => Some("st.global.b32"),
+        };
+        if let Some(st) = fp8_store {
+            assert!(b.contains(st), "{name}: no FP8 store {st}");
+        }
+        for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "st.global.b8"] {
+            assert!(!b.contains(narrow) || fp8_store == Some(narrow), "{name}: narrow access {narrow}");
         }
     }
     for &name in vector {
@@ -121,12 +135,39 @@ fn computed_kernels_use_no_fp64() {
     let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
     assert_eq!(
         computed.len(),
-        STYLES.len() * TYPES.len() * ROWS.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()),
+        STYLES.len()
+            * ROWS.len()
+            * (TYPES.len() * ROPE_WIDTHS.len() + (TYPES.len() + FP8_TYPES.len()) * KV_WIDTHS.len()),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {
         for &name in &computed {
             assert!(!body(ptx, name).contains(".f64"), "{arch} {name}: an FP64 instruction");
+        }
+    }
+}
+
+/// The FP8 kernels convert with sm_89's instruction where the PTX's architecture has it
+/// (sm_90, sm_100) and with the integer twin in sm_80's, and divide by the scale with the IEEE
+/// division (`div.rn.f32`), never an approximation; the other kernels convert nothing to FP8.
+#[test]
+fn fp8_kernels_convert_by_architecture_and_divide_exactly() {
+    let fp8: Vec<_> = named("kv_").into_iter().filter(|n| n.contains("_fp8_")).collect();
+    assert!(!fp8.is_empty());
+    for (arch, ptx) in ALL.iter() {
+        let hardware = *arch != "sm_80";
+        for &name in &fp8 {
+            let b = body(ptx, name);
+            for f in ["e4m3x2", "e5m2x2"] {
+                let cvt = format!("cvt.rn.satfinite.{f}.f32");
+                assert_eq!(b.contains(&cvt), hardware, "{arch} {name}: {cvt}");
+            }
+            assert!(b.contains("div.rn.f32"), "{arch} {name}: no IEEE division");
+            assert!(!b.contains("div.approx") && !b.contains("div.full"), "{arch} {name}: an approximate division");
+        }
+        let others = named("").into_iter().filter(|n| !n.contains("_fp8_") && *n != "bench_fp8");
+        for name in others {
+            assert!(!body(ptx, name).contains("satfinite.e"), "{arch} {name}: converts to FP8");
         }
     }
 }

@@ -118,6 +118,50 @@ impl Fp8 {
         sign * (sig as f32) * pow2(exp - m as i32)
     }
 
+    /// A lower bound on the distance from `q` to the nearest point where this format's
+    /// conversion of it changes: the midpoints between neighbouring values, and zero (whose
+    /// side gives the sign); 0 for non-finite `q` and f32 subnormals, where it does not say.
+    /// Every f32 nearer to `q` than this converts to `q`'s code ([`Fp8::from_f32`]). The
+    /// kernels compare it with the error of a fast result, to know when the fast result's code
+    /// is the exact one's.
+    #[inline(always)]
+    pub fn margin(self, q: f32) -> f32 {
+        let a = q.to_bits() & 0x7FFF_FFFF;
+        if !(0x0080_0000..0x7F80_0000).contains(&a) {
+            return 0.0;
+        }
+        let m = self.mantissa();
+        let exp = (a >> 23) as i32 - 127;
+        let min_normal = 1 - self.bias();
+        // Distances in units of `q`'s f32 ulp.
+        let units = if exp >= min_normal {
+            let drop = 23 - m;
+            let (rest, half) = (a & ((1 << drop) - 1), 1 << (drop - 1));
+            // The midpoint above `q`'s code, or the one below: at the bottom of a binade the
+            // step below is half this binade's, so that midpoint is `rest + half / 2` away.
+            rest.abs_diff(half).min(rest + half / 2)
+        } else {
+            let shift = (23 - m) as i32 + (min_normal - exp);
+            if shift > 25 {
+                // Under a quarter of the smallest subnormal: zero is the nearest point.
+                return f32::from_bits(a);
+            }
+            // Subnormal steps are equal on both sides of every midpoint.
+            let sig = (a & 0x7F_FFFF) | 0x80_0000;
+            let shift = shift as u32;
+            (sig & ((1 << shift) - 1)).abs_diff(1 << (shift - 1))
+        };
+        // `2^(exp - 23)`, exactly (an f32 subnormal below 2^-126).
+        let ulp = f32::from_bits(a & 0x7F80_0000) * pow2(-23);
+        let d = units as f32 * ulp;
+        let q = f32::from_bits(a);
+        if d < q {
+            d
+        } else {
+            q
+        }
+    }
+
     /// Two values packed as `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` packs them: `hi`'s code in
     /// the upper byte, `lo`'s in the lower. The instruction where the kernel's architecture
     /// has it (sm_89 and later), [`Fp8::from_f32`] elsewhere: the same bits.
@@ -161,7 +205,8 @@ const fn round(code: u32, rest: u32, drop: u32) -> u32 {
     }
 }
 
-/// `2^e` for the exponents of either format's values (`-16 ..= 13`), exactly.
+/// `2^e` for the exponents of either format's values and their margins (`-23 ..= 13`),
+/// exactly.
 const fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
 }

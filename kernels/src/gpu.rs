@@ -8,6 +8,7 @@
 
 use core::arch::{asm, nvptx};
 
+use crate::fp8::Fp8;
 use crate::keys::DType;
 use crate::math::Narrow;
 
@@ -48,8 +49,12 @@ pub trait Io {
     const SIZE: usize;
     /// The element type's [`Elem::NARROW`].
     const NARROW: Option<Narrow>;
-    /// The element type.
+    /// The element type (FP8 accesses: [`DType::E4M3`], standing for either format).
     const DTYPE: DType;
+    /// Whether the elements are FP8, of the format the launch gives each store: a value is
+    /// divided by its head's scale before [`Io::put`] (see `rotate.rs`'s `Quant`). FP8
+    /// accesses only store.
+    const FP8: bool = false;
     /// Loads the bits of `E` elements at `p` (widen them with [`Io::get`] where used, so a
     /// prefetched row costs 4 registers, not `E` f32).
     ///
@@ -59,10 +64,11 @@ pub trait Io {
     /// Element `i` of bits loaded by [`Io::load_raw`], widened to f32.
     fn get(raw: &Bits, i: usize) -> f32;
     /// Writes output element `i` (taken in order `0, 1, ..`) into `out`, rounded to the
-    /// element type (to nearest, ties to even). 2-byte elements are narrowed in pairs: an
+    /// element type (to nearest, ties to even; FP8: to the format `fmt`, saturating, see
+    /// [`Fp8`]; other types ignore `fmt`). 2-byte and FP8 elements are narrowed in pairs: an
     /// even element waits in `pending` for its odd neighbour, so a lane's results take `E / 2`
-    /// registers as soon as they exist rather than `E` floats until the store.
-    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32);
+    /// registers or fewer as soon as they exist rather than `E` floats until the store.
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8);
     /// Stores bits made by [`Io::put`] at `p`.
     ///
     /// # Safety
@@ -190,6 +196,18 @@ unsafe fn st_b16(p: *mut u8, v: u16) {
     }
 }
 
+/// Stores 1 byte.
+///
+/// # Safety
+/// `p` is a global address valid for the access.
+#[inline(always)]
+unsafe fn st_b8(p: *mut u8, v: u32) {
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!("st.global.b8 [{}], {};", in(reg64) p, in(reg16) v as u16, options(nostack, preserves_flags));
+    }
+}
+
 /// Element types: conversion between storage bits and f32.
 pub trait Elem {
     /// The element type's key value.
@@ -308,7 +326,7 @@ impl<T: Elem> Io for Vec16<T> {
         }
     }
     #[inline(always)]
-    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, _: Fp8) {
         put_elem::<T>(out, pending, i, v)
     }
     #[inline(always)]
@@ -336,7 +354,7 @@ impl<T: Elem> Io for Vec8<T> {
         Vec16::<T>::get(w, i)
     }
     #[inline(always)]
-    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32) {
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, _: Fp8) {
         put_elem::<T>(out, pending, i, v)
     }
     #[inline(always)]
@@ -408,7 +426,7 @@ impl<T: Elem> Io for One<T> {
         T::widen(w[i])
     }
     #[inline(always)]
-    fn put(out: &mut Bits, _: &mut f32, _: usize, v: f32) {
+    fn put(out: &mut Bits, _: &mut f32, _: usize, v: f32, _: Fp8) {
         out[0] = T::narrow(v);
     }
     #[inline(always)]
@@ -436,7 +454,7 @@ impl<T: Elem> Io for Two<T> {
         T::widen(w[i])
     }
     #[inline(always)]
-    fn put(out: &mut Bits, _: &mut f32, i: usize, v: f32) {
+    fn put(out: &mut Bits, _: &mut f32, i: usize, v: f32, _: Fp8) {
         out[i] = T::narrow(v);
     }
     #[inline(always)]
@@ -445,6 +463,91 @@ impl<T: Elem> Io for Two<T> {
         unsafe {
             st_elem::<T>(p, v[0]);
             st_elem::<T>(p.add(T::SIZE), v[1]);
+        }
+    }
+}
+
+/// FP8 elements, `N` (2, 4 or 8) per access in one instruction, of the format the launch
+/// gives each store. Stores only.
+pub struct F8Vec<const N: usize>;
+/// FP8 elements, `N` (1 or 2) per access, byte by byte (views not aligned for vectors).
+/// Stores only.
+pub struct F8Bytes<const N: usize>;
+
+/// [`Io::put`] for FP8 elements: pairs converted together ([`Fp8::pack2`]), element `i`
+/// in byte `i % 4` of word `i / 4`; an odd count's last element alone.
+#[inline(always)]
+fn put_fp8<const N: usize>(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {
+    if N == 1 {
+        out[0] = (fmt.pack2(0.0, v) & 0xFF) as u32;
+    } else if i % 2 == 0 {
+        *pending = v;
+    } else {
+        let shift = 16 * ((i / 2) % 2);
+        let word = &mut out[i / 4];
+        *word = (*word & !(0xFFFF << shift)) | ((fmt.pack2(v, *pending) as u32) << shift);
+    }
+}
+
+impl<const N: usize> Io for F8Vec<N> {
+    const NARROW: Option<Narrow> = None;
+    const DTYPE: DType = DType::E4M3;
+    const FP8: bool = true;
+    const E: usize = N;
+    const VECTOR: bool = true;
+    const SIZE: usize = 1;
+    unsafe fn load_raw(_: *const u8) -> Bits {
+        const { assert!(N == 0, "FP8 accesses only store") };
+        [0; 4]
+    }
+    fn get(_: &Bits, _: usize) -> f32 {
+        const { assert!(N == 0, "FP8 accesses only store") };
+        0.0
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {
+        put_fp8::<N>(out, pending, i, v, fmt)
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        const { assert!(N == 2 || N == 4 || N == 8, "F8Vec takes 2, 4 or 8 elements") };
+        // SAFETY: the trait method's contract.
+        unsafe {
+            match N {
+                2 => st_b16(p, v[0] as u16),
+                4 => st_b32(p, v[0]),
+                _ => st_v2(p, v),
+            }
+        }
+    }
+}
+
+impl<const N: usize> Io for F8Bytes<N> {
+    const NARROW: Option<Narrow> = None;
+    const DTYPE: DType = DType::E4M3;
+    const FP8: bool = true;
+    const E: usize = N;
+    const VECTOR: bool = false;
+    const SIZE: usize = 1;
+    unsafe fn load_raw(_: *const u8) -> Bits {
+        const { assert!(N == 0, "FP8 accesses only store") };
+        [0; 4]
+    }
+    fn get(_: &Bits, _: usize) -> f32 {
+        const { assert!(N == 0, "FP8 accesses only store") };
+        0.0
+    }
+    #[inline(always)]
+    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {
+        put_fp8::<N>(out, pending, i, v, fmt)
+    }
+    #[inline(always)]
+    unsafe fn store_raw(p: *mut u8, v: Bits) {
+        // SAFETY: the trait method's contract.
+        unsafe {
+            for i in 0..N {
+                st_b8(p.add(i), v[0] >> (8 * i));
+            }
         }
     }
 }

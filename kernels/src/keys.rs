@@ -22,6 +22,12 @@ pub enum DType {
     F16,
     /// bfloat16 (`half::bf16`).
     BF16,
+    /// 8-bit floating point E4M3 (`float8_e4m3fn`: no infinities, largest finite 448), for
+    /// KV caches ([`crate::fp8::Fp8::E4M3`]).
+    E4M3,
+    /// 8-bit floating point E5M2 (largest finite 57344), for KV caches
+    /// ([`crate::fp8::Fp8::E5M2`]).
+    E5M2,
 }
 
 impl DType {
@@ -30,6 +36,16 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::E4M3 | DType::E5M2 => 1,
+        }
+    }
+
+    /// The 8-bit format of an FP8 type.
+    pub const fn fp8(self) -> Option<crate::fp8::Fp8> {
+        match self {
+            DType::E4M3 => Some(crate::fp8::Fp8::E4M3),
+            DType::E5M2 => Some(crate::fp8::Fp8::E5M2),
+            _ => None,
         }
     }
 }
@@ -56,7 +72,10 @@ impl RopeTypes {
 }
 
 /// The element type of each operand of a fused RoPE + KV append. An absent q takes k's type;
-/// q is rotated in place, in its own type.
+/// q is rotated in place, in its own type, or, with an FP8 cache, optionally into an FP8
+/// buffer of the cache's format (chosen at launch: the key does not name it). The two caches'
+/// types are one, the inputs' or an FP8 format (one kernel serves both formats, read from the
+/// cache view at launch).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct KvTypes {
     /// The queries.

@@ -2,10 +2,11 @@
 //! queries) and the append of keys and values into a contiguous or paged cache, in one
 //! launch (see [`KvParams`]); and the claims of the calls too large to scan.
 
+use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::mem::sync_threads;
 use crate::params::{work_item, KvParams};
-use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Rows, Source, Style, Table};
+use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
 use crate::views::{ComputedView, Duplicates, HeadsView, SlotOf};
 
@@ -385,11 +386,23 @@ pub(crate) unsafe fn kv_append<
         // the block's rows were filled before a barrier.
         entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
     }
+    // FP8 caches: their format (one for both, checked by the host), and the scales.
+    let fmt = if W::FP8 { p.cache.types().0.fp8().unwrap_or(Fp8::E4M3) } else { Fp8::E4M3 };
     if is_q {
-        // q, in place.
-        let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
-        // SAFETY: q's rows are in its buffer, written by this item alone.
-        unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row)) };
+        if W::FP8 && p.q.output != 0 {
+            // q into its FP8 buffer, with its scale.
+            let dst = (p.q.output as *mut u8).wrapping_add(p.q.out_offset(b, s, h0) as usize * W::SIZE);
+            let rows = Rows { src, dst, src_step, dst_step: p.q.out_strides[2] as usize * W::SIZE, count };
+            let quant = Quant { fmt, scales: p.scales.q() as *const f32, step: 0 };
+            // SAFETY: q's output rows are in their buffer, written by this item alone; the
+            // host checked q's scale buffer.
+            unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant) };
+        } else {
+            // q, in place.
+            let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
+            // SAFETY: q's rows are in its buffer, written by this item alone.
+            unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE) };
+        }
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
@@ -399,13 +412,17 @@ pub(crate) unsafe fn kv_append<
     let cache = if is_k { p.cache.k() } else { p.cache.v() };
     let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * W::SIZE);
     let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * W::SIZE, count };
+    let (scales, step) = p.scales.head(!is_k, h0);
+    let quant = Quant { fmt, scales: scales as *const f32, step: step as usize };
     if rotating {
-        // SAFETY: slot `n` is in the cache; this token alone writes it.
-        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row)) };
+        // SAFETY: slot `n` is in the cache; this token alone writes it; the host checked the
+        // scale buffers of FP8 caches (one f32, or one per kv head).
+        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant) };
     } else {
-        // k past rotary_dim, and v: copy (the bits, where the types agree).
+        // k past rotary_dim, and v: copy (the bits, where the types agree; FP8: divided by
+        // the scale and converted).
         // SAFETY: as above.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, quant) };
     }
 }
 

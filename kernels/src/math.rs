@@ -45,6 +45,27 @@ pub fn rotate_pair(x0: f32, x1: f32, c: (f32, f32), s: (f32, f32)) -> (f32, f32)
     (dot2(x0, c.0, c.1, -x1, s.0, s.1), dot2(x1, c.0, c.1, x0, s.0, s.1))
 }
 
+/// `a * (b_hi + b_lo) + c * (d_hi + d_lo)` rounded to the nearest f32: the two products'
+/// rounding errors kept exactly (FMA two-products, a two-sum of the rounded products), so
+/// the sum before the last rounding is within about 2^-47 of the terms of the exact value,
+/// and the result is its correct rounding unless the exact value lies that close to a
+/// midpoint between two f32.
+#[inline(always)]
+pub fn dot2_rounded(a: f32, b_hi: f32, b_lo: f32, c: f32, d_hi: f32, d_lo: f32) -> f32 {
+    let (p1, e1) = two_prod(a, b_hi);
+    let (p2, e2) = two_prod(c, d_hi);
+    let (s, e3) = two_sum(p1, p2);
+    s + (e3 + ((e1 + e2) + fma(a, b_lo, c * d_lo)))
+}
+
+/// [`rotate_pair`] with each output the f32 nearest the exact rotation ([`dot2_rounded`]):
+/// the FP8 stores, which convert the rotated f32 once more, start from exactly the value
+/// the host's reference computes.
+#[inline(always)]
+pub fn rotate_pair_rounded(x0: f32, x1: f32, c: (f32, f32), s: (f32, f32)) -> (f32, f32) {
+    (dot2_rounded(x0, c.0, c.1, -x1, s.0, s.1), dot2_rounded(x1, c.0, c.1, x0, s.0, s.1))
+}
+
 /// `|v|`.
 #[inline(always)]
 pub fn abs(v: f32) -> f32 {

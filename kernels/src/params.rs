@@ -7,7 +7,9 @@
 
 pub use crate::div::{Divisor, FastDiv};
 use crate::keys::{KvTypes, RopeTypes};
-use crate::views::{CacheView, ComputedView, ErrorSink, HeadsView, OwnerView, Pairs, PositionsView, SourceView};
+use crate::views::{
+    CacheView, ComputedView, ErrorSink, HeadsView, OwnerView, Pairs, PositionsView, ScalesView, SourceView,
+};
 
 /// Elements of one interleaved (GPT-J) lane for accesses of `e` elements (`vector`: one
 /// vector instruction each): two vectors, so that a thread moves as many bytes of a head as a
@@ -211,8 +213,8 @@ pub struct RopeParams {
     pub chunk: u32,
 }
 
-/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}_{s,d,p,v}[_m][_c]` (the
-/// library's table or computed cos and sin), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
+/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}[_fp8]_{s,d,p,v}[_m][_c]`
+/// (the library's table or computed cos and sin; `_fp8`: FP8 caches, either format), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
 /// tables, in the element type) and `kv_claim` (see [`crate::entries::axes`]).
 ///
 /// One launch per step: token `t` (batch `t / seq`) has its position (from `positions`) and
@@ -234,7 +236,8 @@ pub struct RopeParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KvParams {
-    /// The queries, rotated in place (`heads == 0`: none).
+    /// The queries, rotated in place (`heads == 0`: none), or, with FP8 caches and a nonzero
+    /// `output`, into an FP8 buffer of the caches' format (`out_type`).
     pub q: HeadsView,
     /// The new keys (`input`; `output` unused).
     pub k: HeadsView,
@@ -242,6 +245,8 @@ pub struct KvParams {
     pub v: HeadsView,
     /// The caches and the slot mapping.
     pub cache: CacheView,
+    /// FP8 caches: the scales of k and v (and of q, written to an FP8 buffer: `q.output`).
+    pub scales: ScalesView,
     /// How duplicate slots are settled.
     pub owners: OwnerView,
     /// The pairs rotated.

@@ -3,7 +3,7 @@
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
 use crate::params::{block_tokens, groups, work_item, RopeParams};
-use crate::rotate::{BlockInputs, PairRows, Prologue, Rows, Source, Style, Table};
+use crate::rotate::{BlockInputs, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 use crate::views::ComputedView;
 
@@ -118,11 +118,11 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table)
+            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, Quant::NONE)
         };
     } else {
         // Dims past rotary_dim, out of place: copy the bits.
         // SAFETY: as above; the output rows overlap nothing else.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE) };
     }
 }

@@ -3,11 +3,15 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
+use crate::fp8::Fp8;
 use crate::gpu::{
     block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
     Bits, Elem, Io, Lane,
 };
-use crate::math::{angle_index, mul_pair, rotate_pair, rotate_pair_fast, sincos_turns_pair, turns_at, ANGLE_STEPS};
+use crate::math::{
+    abs, angle_index, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
+    ANGLE_STEPS,
+};
 use crate::mem::sync_threads;
 use crate::params::{row_stride, SharedLayout};
 use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
@@ -746,6 +750,13 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// is recomputed with [`rotate_pair`]. That happens for about one output in 10^4 on random
 /// data.
 ///
+/// FP8 outputs (`W::FP8`) store the code of `y / scale` in format `fmt`, `y` the f32 nearest
+/// the exact rotation: the fast quotient serves where it lies farther from every point where
+/// the code changes ([`Fp8::margin`]) than its error can reach (the fast rotation is within
+/// 2^-21.7 (|x0| + |x1|) of that `y`, so the quotients within 2^-20.8 (|x0| + |x1|) / scale of
+/// each other, divisions' roundings included); otherwise the lane is redone with
+/// [`rotate_pair_rounded`]. So every code is the one of the correctly rounded rotation.
+///
 /// # Safety
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
 /// unwritten and readable).
@@ -754,20 +765,21 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     t: &Entries<P>,
     p: Table<'_>,
     n: usize,
-    raw: &[Bits; 2],
-    out: &mut [Bits; 2],
+    (raw, out): (&[Bits; 2], &mut [Bits; 2]),
     pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
     reload: impl Fn() -> [Bits; 2],
+    (fmt, scale): (Fp8, f32),
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
+    let mut redo = false;
     let mut pending = [0.0f32; 2];
     // SAFETY: the caller's contract: `t` was loaded from `p` for `n` pairs.
     let (c, s) = unsafe { t.lane::<B>(p, n) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
-        let (y0, y1) = rotate_pair_fast(a, b, c[j], s[j]);
+        let (mut y0, mut y1) = rotate_pair_fast(a, b, c[j], s[j]);
         if let Some(narrow) = W::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
             slack = slack.min(sl);
@@ -775,20 +787,75 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
                 smallest = smallest.min(sm);
             }
         }
-        W::put(&mut out[l0], &mut pending[l0], i0, y0);
-        W::put(&mut out[l1], &mut pending[l1], i1, y1);
+        if W::FP8 {
+            (y0, y1) = (y0 / scale, y1 / scale);
+            let margin = fmt.margin(y0).min(fmt.margin(y1));
+            // False on NaN (a NaN or non-positive scale: the exact path decides).
+            let safe = margin * scale > FP8_SLACK * (abs(a) + abs(b));
+            redo |= !safe;
+        }
+        W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
+        W::put(&mut out[l1], &mut pending[l1], i1, y1, fmt);
     });
-    if W::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) {
+    if W::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) || (W::FP8 && redo) {
         let orig = reload();
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
             let (a, b) = (R::get(&orig[l0], i0), R::get(&orig[l1], i1));
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
             let (c, s) = unsafe { t.exact::<B>(p, j) };
-            let (y0, y1) = rotate_pair(a, b, c, s);
-            W::put(&mut out[l0], &mut pending[l0], i0, y0);
-            W::put(&mut out[l1], &mut pending[l1], i1, y1);
+            let (y0, y1) = match W::FP8 {
+                true => {
+                    let (y0, y1) = rotate_pair_rounded(a, b, c, s);
+                    (y0 / scale, y1 / scale)
+                }
+                false => rotate_pair(a, b, c, s),
+            };
+            W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
+            W::put(&mut out[l1], &mut pending[l1], i1, y1, fmt);
         });
+    }
+}
+
+/// 2^-20: above the fast quotient's error, 2^-20.8 (|x0| + |x1|) / scale ([`rotate_lane`]).
+const FP8_SLACK: f32 = 1.0 / 1_048_576.0;
+
+/// How the stores of FP8 outputs convert: the format, and each head's scale (the code stored
+/// is that of `x / scale`, the quotient rounded to f32 first: an IEEE division). Outputs of
+/// other types ignore it ([`Quant::NONE`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Quant {
+    /// The format.
+    pub fmt: Fp8,
+    /// The scale of the rows' first head; head `h`'s is `h * step` f32 further (0: one for
+    /// every head).
+    pub scales: *const f32,
+    pub step: usize,
+}
+
+impl Quant {
+    /// For outputs that are not FP8.
+    pub const NONE: Quant = Quant { fmt: Fp8::E4M3, scales: core::ptr::null(), step: 0 };
+
+    /// The scale of head `h` of the rows, read through the read-only cache (read at launch:
+    /// an engine updates it in place).
+    ///
+    /// # Safety
+    /// `scales` is a global address valid for head `h`'s f32, not written during the kernel.
+    #[inline(always)]
+    unsafe fn scale(&self, h: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { load_table(self.scales.wrapping_add(h * self.step), 1)[0] }
+    }
+
+    /// The format and head `h`'s scale where `W` stores FP8 (else nothing is read).
+    ///
+    /// # Safety
+    /// As [`Quant::scale`], where `W` stores FP8.
+    #[inline(always)]
+    unsafe fn of<W: Io>(&self, h: usize) -> (Fp8, f32) {
+        // SAFETY: the caller's contract.
+        (self.fmt, if W::FP8 { unsafe { self.scale(h) } } else { 1.0 })
     }
 }
 
@@ -818,13 +885,15 @@ impl Rows {
 
     /// Copies the elements at byte `at` of every head's source (loaded by `C`; stored by `D`
     /// at the same element of the destination: the bits where both are of one type, else each
-    /// value rounded to `D`'s type), given head 0's (`first`, loaded early); the next head's
-    /// load goes ahead of each store.
+    /// value rounded to `D`'s type; FP8: divided by the head's scale, then converted, as
+    /// `quant` says), given head 0's (`first`, loaded early); the next head's load goes ahead
+    /// of each store.
     ///
     /// # Safety
-    /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination.
+    /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination;
+    /// `quant` as [`Quant::scale`] for every head, where `D` stores FP8.
     #[inline(always)]
-    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize) {
+    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize, quant: Quant) {
         const { assert!(C::E == D::E) };
         let to = if C::SIZE == D::SIZE { at } else { at / C::SIZE * D::SIZE };
         let mut cur = first;
@@ -832,21 +901,24 @@ impl Rows {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
             // SAFETY: as above.
-            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur)) };
+            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h))) };
             cur = next;
         }
     }
 }
 
 /// Elements loaded by `C` as `D` stores them: the same bits where the types agree, else each
-/// value rounded to `D`'s type.
+/// value rounded to `D`'s type (FP8: its quotient by `scale`, in format `fmt`).
 #[inline(always)]
-fn convert<C: Io, D: Io>(raw: Bits) -> Bits {
-    if C::DTYPE as u8 == D::DTYPE as u8 {
+fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, f32)) -> Bits {
+    if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 {
         return raw;
     }
     let (mut out, mut pending) = ([0u32; 4], 0.0f32);
-    unrolled(C::E, |i| D::put(&mut out, &mut pending, i, C::get(&raw, i)));
+    unrolled(C::E, |i| {
+        let x = C::get(&raw, i);
+        D::put(&mut out, &mut pending, i, if D::FP8 { x / scale } else { x }, fmt)
+    });
     out
 }
 
@@ -868,17 +940,20 @@ pub(crate) trait Style {
     /// The trait's contract.
     unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P>;
     /// Rotates lane `lane` of every head of `rows` with its entries `t`, given head 0's data
-    /// (loaded by `R`; stored by `W`, of as many elements). The next head's loads are issued
-    /// before the current head's stores, so two heads' loads are in flight.
+    /// (loaded by `R`; stored by `W`, of as many elements, converted as `quant` says where
+    /// `W` stores FP8). The next head's loads are issued before the current head's stores,
+    /// so two heads' loads are in flight.
     ///
     /// # Safety
-    /// The trait's contract; `t` came from [`Style::entries`] for this lane and `p`.
+    /// The trait's contract; `t` came from [`Style::entries`] for this lane and `p`; `quant`
+    /// as [`Quant::scale`] for every head where `W` stores FP8.
     unsafe fn apply<R: Io, W: Io, B: Source, P: PairRows>(
         rows: Rows,
         first: [Bits; 2],
         lane: usize,
         t: &Entries<P>,
         p: Table<'_>,
+        quant: Quant,
     );
     /// [`Style::entries`], then [`Style::apply`].
     ///
@@ -891,11 +966,12 @@ pub(crate) trait Style {
         lane: usize,
         at: P,
         p: Table<'_>,
+        quant: Quant,
     ) {
         // SAFETY: the caller's contract.
         unsafe {
             let t = Self::entries::<R, B, P>(lane, at, p);
-            Self::apply::<R, W, B, P>(rows, first, lane, &t, p)
+            Self::apply::<R, W, B, P>(rows, first, lane, &t, p, quant)
         }
     }
 }
@@ -935,6 +1011,7 @@ impl Style for NeoX {
         lane: usize,
         t: &Entries<P>,
         p: Table<'_>,
+        quant: Quant,
     ) {
         const { assert!(R::E == W::E) };
         let half = p.pairs.half() as usize;
@@ -949,7 +1026,9 @@ impl Style for NeoX {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, &cur, &mut y, |j| ((0, j), (1, j)), reload) };
+            let q = unsafe { quant.of::<W>(h) };
+            // SAFETY: as above.
+            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, q) };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, lo), y[0]);
@@ -985,6 +1064,7 @@ impl Style for GptJ {
         lane: usize,
         t: &Entries<P>,
         p: Table<'_>,
+        quant: Quant,
     ) {
         const { assert!(R::E == W::E) };
         let (width, per) = (gptj_width::<R>(), R::E / 2);
@@ -1003,7 +1083,9 @@ impl Style for GptJ {
             // SAFETY: as above.
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, 0) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, &cur, &mut y, pair, reload) };
+            let q = unsafe { quant.of::<W>(h) };
+            // SAFETY: as above.
+            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, q) };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, at), y[0]);

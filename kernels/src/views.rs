@@ -736,6 +736,7 @@ impl CacheView {
     }
 
     /// The element types of the key and value caches.
+    #[inline(always)]
     pub fn types(&self) -> (DType, DType) {
         (self.types[0], self.types[1])
     }
@@ -814,6 +815,54 @@ impl CacheView {
     pub fn row(&self, n: u64, h: u64) -> u64 {
         let (block, within) = self.block_div.divmod(n as u32);
         block as u64 * self.strides[0] + within as u64 * self.strides[1] + h * self.strides[2]
+    }
+}
+
+/// The scales of an append into FP8 caches (vLLM's and FlashInfer's): the code stored for a
+/// value `x` of kv head `h` is that of `x / scale` (the f32 quotient, an IEEE division),
+/// `scale` one f32 for every head or one per kv head, and likewise for q where it is written
+/// to an FP8 buffer (one f32). Read from device memory at launch: an engine updates them in
+/// place, and a replayed graph sees the new values. All zero for caches of other types.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScalesView {
+    k: u64,
+    v: u64,
+    q: u64,
+    step: u32,
+    _pad: u32,
+}
+
+impl ScalesView {
+    /// The f32 scales of the key cache at `k` and of the value cache at `v`: one each, or
+    /// (`per_head`) one per kv head each.
+    pub const fn new(k: u64, v: u64, per_head: bool) -> Self {
+        ScalesView { k, v, q: 0, step: per_head as u32, _pad: 0 }
+    }
+
+    /// The same, with q's one f32 scale at `q` (q written to an FP8 buffer).
+    pub const fn with_q(mut self, q: u64) -> Self {
+        self.q = q;
+        self
+    }
+
+    /// The address of kv head `h`'s scale, of the key cache or (`value`) the value cache, and
+    /// the f32 step to the next head's (0 with one scale for all).
+    #[inline(always)]
+    pub fn head(&self, value: bool, h: u64) -> (u64, u32) {
+        let base = if value { self.v } else { self.k };
+        (base + 4 * h * self.step as u64, self.step)
+    }
+
+    /// The address of q's scale (0: q is not written to an FP8 buffer).
+    #[inline(always)]
+    pub fn q(&self) -> u64 {
+        self.q
+    }
+
+    /// Whether the keys and values have one scale per kv head.
+    pub fn per_head(&self) -> bool {
+        self.step == 1
     }
 }
 
