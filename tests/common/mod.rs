@@ -99,9 +99,19 @@ impl Reader<'_> {
 /// The bytes of `tests/data/<name>`: found from the manifest directory, or relative to the
 /// repository root (where the GPU bundle runs).
 pub fn data_file(name: &str) -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
-    let path = if path.exists() { path } else { std::path::Path::new("tests/data").join(name) };
+    let path = data_path(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The path of `tests/data/<name>`: under the manifest directory if it is there, else relative
+/// to the repository root (where the GPU bundle runs).
+pub fn data_path(name: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    if path.exists() {
+        path
+    } else {
+        std::path::Path::new("tests/data").join(name)
+    }
 }
 
 /// Reads golden file `name` of `tests/data/make_golden.py`.
@@ -206,7 +216,6 @@ pub fn assert_rotated<T: TestElem>(what: &str, got: &[T], x: &[T], pos: i64, con
 /// midpoints between neighbours (with the f32 on either
 /// side), the saturation points, specials, and seeded random bits and values.
 pub fn fp8_inputs(seed: u64) -> Vec<f32> {
-    use rope_cuda::reference::splitmix64;
     use rope_cuda_kernels::fp8::Fp8;
     let mut xs = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::MAX, f32::MIN_POSITIVE];
     xs.push(f32::from_bits(0x7F80_0001));
@@ -222,14 +231,22 @@ pub fn fp8_inputs(seed: u64) -> Vec<f32> {
             }
         }
     }
-    for i in 0..300_000u64 {
-        let r = splitmix64(seed ^ i);
-        xs.push(f32::from_bits(r as u32));
-        let e = (r >> 40) as i32 % 40 - 22; // 2^-22 .. 2^17: both formats' ranges and past them
-        xs.push(f32::from_bits((((e + 127) as u32) << 23) | (r >> 32) as u32 & 0x7F_FFFF | ((r >> 63) as u32) << 31));
-    }
+    xs.extend(fp8_random(seed, 300_000));
     if xs.len() % 2 == 1 {
         xs.push(1.0);
     }
     xs
+}
+
+/// `2 * pairs` seeded FP8 conversion inputs (tests/data/make_golden_fp8.py makes the same):
+/// for each `i`, `r = splitmix64(seed ^ i)` gives a uniform f32 bit pattern (NaNs included),
+/// then a value of random sign and mantissa with exponent in 2^-22 .. 2^17.
+pub fn fp8_random(seed: u64, pairs: u64) -> impl Iterator<Item = f32> {
+    use rope_cuda::reference::splitmix64;
+    (0..pairs).flat_map(move |i| {
+        let r = splitmix64(seed ^ i);
+        let e = (r >> 40) as i32 % 40 - 22; // 2^-22 .. 2^17: both formats' ranges and past them
+        let spread = (((e + 127) as u32) << 23) | (r >> 32) as u32 & 0x7F_FFFF | ((r >> 63) as u32) << 31;
+        [f32::from_bits(r as u32), f32::from_bits(spread)]
+    })
 }
