@@ -112,7 +112,8 @@ pub use graph::Graph;
 pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
 pub use kernels::{archs, ptx, Kernels, LoadStats};
 pub use kv::{
-    validate_append, KvAppend, KvCache, KvScales, RawKvArgs, RawKvCache, RawQFp8, RawScales, KV_SCAN_MAX_TOKENS,
+    validate_append, KvAppend, KvCache, KvRead, KvScales, RawKvArgs, RawKvCache, RawKvRead, RawQFp8, RawScales,
+    KV_SCAN_MAX_TOKENS,
 };
 pub use layout::Layout;
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};

@@ -208,6 +208,12 @@ fn main() {
     list += "    }\n    KvKey(KvParams) => kv_append {\n";
     kv_rows(&mut list);
     list += "    }\n    ClaimKey(KvParams) => claim {\n        kv_claim {} [];\n    }\n";
+    // The dequantizing read of FP8 caches, into each element type.
+    list += "    ReadKey(ReadParams) => read {\n";
+    for (name, d, _) in TYPES {
+        writeln!(list, "        kv_read_{name} {{ out: DType::{d} }} [{}];", elem(d)).unwrap();
+    }
+    list += "    }\n";
     for (key, params, body, name) in [
         ("BenchEmpty", "u64", "empty", "bench_empty"),
         ("BenchSpin", "u64", "spin", "bench_spin"),

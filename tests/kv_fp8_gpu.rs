@@ -502,3 +502,116 @@ fn fp8_misuse_is_refused_before_launch() {
     assert!(download_t(&kc5).iter().all(|c: &F8E5M2| c.0 == 0x33), "a refused call wrote a cache");
     assert!(download_t(&q8).iter().all(|c: &F8E4M3| c.0 == 0x44), "a refused call wrote q's output");
 }
+
+/// The dequantizing read: rows of an FP8 cache at a list of slots (`-1`: left as it is; one
+/// outside the cache: skipped and reported), into each output type, every element the code's
+/// value times its head's scale rounded to the output's type.
+fn read_case<T: TestElem, F: Code>(g: &Gpu, seed: u64, per_head: bool, paged: bool) {
+    let (hk, d) = (4, 64);
+    let layout = if paged { Layout::bhsd(6, hk, 16, d) } else { Layout::bshd(3, 32, hk, d) };
+    let n = layout.extent().unwrap();
+    let (k0, v0) = (noise(seed, n), noise(seed ^ 1, n));
+    let (mut kc, mut vc) = (
+        upload_t(&k0.iter().map(|&b| F::of(b)).collect::<Vec<_>>()),
+        upload_t(&v0.iter().map(|&b| F::of(b)).collect::<Vec<_>>()),
+    );
+    let ks: Vec<f32> = (0..if per_head { hk } else { 1 }).map(|h| SCALES[h % 5]).collect();
+    let vs: Vec<f32> = ks.iter().map(|s| s * 0.5).collect();
+    let (dks, dvs) = (upload_t(&ks), upload_t(&vs));
+    let slots_n = (layout.shape[0] * layout.shape[1]) as u64;
+    let (b, s) = (2, 9);
+    let slots: Vec<i64> = (0..(b * s) as u64)
+        .map(|i| match i {
+            4 => -1,
+            _ => (splitmix64(seed ^ i) % slots_n) as i64,
+        })
+        .collect();
+    let dslots = upload_t(&slots);
+    let out_l = Layout::bshd(b, s, hk, d);
+    let poison = T::from_bits(T::POISON_BITS);
+    let (mut ko, mut vo) = (upload_t(&vec![poison; b * s * hk * d]), upload_t(&vec![poison; b * s * hk * d]));
+    let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS)).unwrap();
+    let scales = if per_head { KvScales::per_head(&dks, &dvs) } else { KvScales::per_tensor(&dks, &dvs) };
+    let cache = match paged {
+        true => KvCache::paged(&mut kc, &mut vc, layout),
+        false => KvCache::contiguous(&mut kc, &mut vc, layout),
+    }
+    .scales(scales);
+    {
+        let (mut kt, mut vt) = (TensorMut::new(&mut ko, out_l), TensorMut::new(&mut vo, out_l));
+        rope.read_kv(rope_cuda::KvRead::new(&cache, &dslots).k(&mut kt).v(&mut vt), &g.stream).unwrap();
+    }
+    rope.check_errors(&g.stream).unwrap();
+    let (ko, vo): (Vec<T>, Vec<T>) = (download_t(&ko), download_t(&vo));
+    let (bs, what) = (layout.shape[1], format!("{} from {:?}, per head {per_head}, paged {paged}", T::NAME, F::FMT));
+    for (r, &slot) in slots.iter().enumerate() {
+        for h in 0..hk {
+            for e in 0..d {
+                let i = (r * hk + h) * d + e;
+                if slot < 0 {
+                    assert_eq!((ko[i].bits(), vo[i].bits()), (poison.bits(), poison.bits()), "{what}: row {r} written");
+                    continue;
+                }
+                let at = row_at(&layout, slot as usize / bs, slot as usize % bs, h) + e;
+                let sc = |s: &[f32]| s[if per_head { h } else { 0 }];
+                for (got, code, scale) in [(ko[i], k0[at], sc(&ks)), (vo[i], v0[at], sc(&vs))] {
+                    let want = F::FMT.to_f32(code) * scale;
+                    if want.is_nan() {
+                        assert!(got.to_f64().is_nan(), "{what}: row {r} element {i}: {got:?} for NaN");
+                    } else {
+                        assert_eq!(
+                            got.bits(),
+                            T::from_f32(want).bits(),
+                            "{what}: row {r} element {i}: code {code:#04x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The caches were only read.
+    let same =
+        |dev: &DeviceBuffer<F>, host: &[u8]| download_t(dev).iter().zip(host).all(|(c, &b): (&F, _)| c.byte() == b);
+    assert!(same(&kc, &k0) && same(&vc, &v0), "{what}: a cache changed");
+}
+
+#[test]
+fn fp8_read_back_dequantizes_each_row() {
+    let Some(g) = gpu("fp8_read_back_dequantizes_each_row") else { return };
+    let seed = test_seed("fp8_read_back_dequantizes_each_row");
+    for (i, (per_head, paged)) in [(false, true), (true, true), (true, false)].into_iter().enumerate() {
+        let s = seed.wrapping_add(i as u64);
+        read_case::<f32, F8E4M3>(&g, s, per_head, paged);
+        read_case::<f16, F8E5M2>(&g, s, per_head, paged);
+        read_case::<bf16, F8E4M3>(&g, s, per_head, paged);
+        read_case::<bf16, F8E5M2>(&g, s, per_head, paged);
+    }
+    // A slot outside the cache: skipped and reported.
+    let layout = Layout::bshd(2, 8, 1, 64);
+    let (mut kc, mut vc) = (upload_t(&vec![F8E4M3(0x38); 1024]), upload_t(&vec![F8E4M3(0x38); 1024]));
+    let one = upload_t(&[1.0f32]);
+    let cache = KvCache::paged(&mut kc, &mut vc, layout).scales(KvScales::per_tensor(&one, &one));
+    let slots = upload_t(&[1i64, 16]);
+    let mut out = upload_t(&vec![7.0f32; 128]);
+    let rope = Rope::new(&g.kernels, RopeConfig::new(64, MAX_POS)).unwrap();
+    {
+        let mut t = TensorMut::new(&mut out, Layout::bshd(1, 2, 1, 64));
+        rope.read_kv(rope_cuda::KvRead::new(&cache, &slots).k(&mut t), &g.stream).unwrap();
+    }
+    let e = rope.check_errors(&g.stream);
+    assert!(matches!(e, Err(Error::SlotOutOfRange { token: 1, slot: 16, .. })), "{e:?}");
+    let got: Vec<f32> = download_t(&out);
+    assert!(got[..64].iter().all(|&x| x == 1.0) && got[64..].iter().all(|&x| x == 7.0));
+    // Refused before any launch: a cache that is not FP8, too few rows for the slots.
+    let mut t = TensorMut::new(&mut out, Layout::bshd(1, 2, 1, 64));
+    let (mut bf, mut bf2) = (upload_t(&vec![bf16::ZERO; 1024]), upload_t(&vec![bf16::ZERO; 1024]));
+    let plain = KvCache::paged(&mut bf, &mut bf2, layout);
+    let e = rope.read_kv(rope_cuda::KvRead::new(&plain, &slots).k(&mut t), &g.stream);
+    assert!(matches!(e, Err(Error::DType { what: "k cache", .. })), "{e:?}");
+    let mut three = upload_t(&vec![0.0f32; 3 * 64]);
+    let mut short = TensorMut::new(&mut three, Layout::bshd(1, 3, 1, 64));
+    let e = rope.read_kv(rope_cuda::KvRead::new(&cache, &slots).k(&mut short), &g.stream);
+    assert!(matches!(e, Err(Error::Length { what: "slots", .. })), "{e:?}");
+    g.stream.synchronize().unwrap();
+    assert!(download_t(&three).iter().all(|&x: &f32| x == 0.0), "a refused read wrote");
+}

@@ -9,17 +9,19 @@
 
 #[cfg(feature = "bench")]
 use crate::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch};
-use crate::keys::{ClaimKey, DType, KvKey, KvTypes, KvWidth, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource};
+use crate::keys::{
+    ClaimKey, DType, KvKey, KvTypes, KvWidth, ReadKey, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource,
+};
 #[cfg(feature = "bench")]
 use crate::params::Touch;
-use crate::params::{KvParams, RopeParams};
+use crate::params::{KvParams, ReadParams, RopeParams};
 
 #[cfg(all(target_arch = "nvptx64", feature = "bench"))]
 use crate::bench::{empty, fp8, spin, touch};
 #[cfg(target_arch = "nvptx64")]
 use crate::{
     gpu::{Bf16, F8Bytes, F8Vec, One, Two, Vec16, Vec8, F16, F32},
-    kv::{claim, kv_append},
+    kv::{claim, kv_append, read},
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,
     rotate::{Computed, ElemTable, F32Table, GptJ, LibTable, NeoX, OneRow, StreamRows},

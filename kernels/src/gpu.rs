@@ -208,6 +208,20 @@ unsafe fn st_b8(p: *mut u8, v: u32) {
     }
 }
 
+/// Loads 1 byte through the read-only cache.
+///
+/// # Safety
+/// `p` is a global address valid for the access, not written during the kernel.
+#[inline(always)]
+pub unsafe fn load_u8_nc(p: *const u8) -> u8 {
+    let v: u16;
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe {
+        asm!("ld.global.nc.u8 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags))
+    };
+    v as u8
+}
+
 /// Element types: conversion between storage bits and f32.
 pub trait Elem {
     /// The element type's key value.

@@ -167,6 +167,14 @@ pub struct KvKey {
     pub mrope: bool,
 }
 
+/// `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back, dequantized into the output's type
+/// ([`crate::params::ReadParams`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReadKey {
+    /// The output's element type (f32, f16 or bf16).
+    pub out: DType,
+}
+
 /// `kv_claim`: records the last token of each slot before a claimed KV launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClaimKey;

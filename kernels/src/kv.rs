@@ -3,9 +3,9 @@
 //! launch (see [`KvParams`]); and the claims of the calls too large to scan.
 
 use crate::fp8::Fp8;
-use crate::gpu::{block_dim, block_idx, thread_idx, Io};
+use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
-use crate::params::{work_item, KvParams};
+use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
 use crate::views::{ComputedView, Duplicates, HeadsView, SlotOf};
@@ -450,4 +450,62 @@ pub(crate) unsafe fn claim(p: &KvParams) {
         // SAFETY: `n < num_slots`, the owner array's length.
         unsafe { p.owners.claim(n, t) };
     }
+}
+
+/// Reads one element of an FP8 cache row back (`kv_read_*`, see [`ReadParams`]): the code's
+/// value times its head's scale, rounded to `T`.
+///
+/// # Safety
+/// The host checked the caches and outputs against their buffers, the slots' length, that
+/// the outputs overlap nothing the launch reads, and the scales' lengths.
+#[inline(always)]
+pub(crate) unsafe fn read<T: Elem>(p: &ReadParams) {
+    // SAFETY: the host never launches with zero items, heads or dims, or `seq == 0`.
+    unsafe {
+        core::hint::assert_unchecked(p.items_div.divisor != 0);
+        core::hint::assert_unchecked(p.cache_div.divisor != 0);
+        core::hint::assert_unchecked(p.dim_div.divisor != 0);
+        core::hint::assert_unchecked(p.seq_div.divisor != 0);
+        core::hint::assert_unchecked(p.cache.block_size() != 0);
+    }
+    let Some((r, w)) = work_item(block_idx(), block_dim().0, thread_idx().0, p.items_div, p.chunk, p.rows) else {
+        return;
+    };
+    let (which, rest) = p.cache_div.divmod(w);
+    let (h, e) = p.dim_div.divmod(rest);
+    let out = if which == 0 { &p.k } else { &p.v };
+    if out.output == 0 {
+        return;
+    }
+    // SAFETY: the slots hold an entry per row.
+    let raw = unsafe { p.cache.raw_slot(r) };
+    let n = match p.cache.slot(|| 0, 0, raw) {
+        SlotOf::Slot(n) => n,
+        SlotOf::Skip => return,
+        SlotOf::OutOfRange(raw) => {
+            if w == 0 {
+                // SAFETY: `errors` points at this launch's records.
+                unsafe { p.errors.slot(r, raw) };
+            }
+            return;
+        }
+    };
+    let cache = if which == 0 { p.cache.k() } else { p.cache.v() };
+    let (scale, _) = p.scales.head(which == 1, h as u64);
+    let fmt = p.cache.types().0.fp8().unwrap_or(Fp8::E4M3);
+    // SAFETY: slot `n` and head `h` are in the cache, element `e` in the row; the scale is in
+    // its buffer (one, or one per head: `head` gives 0 steps for one).
+    let (code, scale) = unsafe {
+        (
+            load_u8_nc((cache as *const u8).wrapping_add((p.cache.row(n, h as u64) + e as u64) as usize)),
+            load_table(scale as *const f32, 1)[0],
+        )
+    };
+    let v = fmt.to_f32(code) * scale;
+    let (b, s) = p.seq_div.divmod(r);
+    let at = out.out_offset(b as u64, s as u64, h as u64) + e as u64;
+    let (mut bits, mut pending) = ([0u32; 4], 0.0);
+    One::<T>::put(&mut bits, &mut pending, 0, v, fmt);
+    // SAFETY: the element is in the output's buffer, written by this thread alone.
+    unsafe { One::<T>::store_raw((out.output as *mut u8).wrapping_add(at as usize * T::SIZE), bits) };
 }

@@ -279,6 +279,42 @@ pub struct KvParams {
     pub starts: [u32; 2],
 }
 
+/// Parameters of `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back. Row `r` of the
+/// outputs (`[batch, seq, heads, head_dim]` views, `r = b * seq + s`) is slot `slots[r]`'s row
+/// of the key cache (into `k`) and of the value cache (into `v`; an output without `output`
+/// is not read): each code's value times its kv head's scale, an f32 product rounded to the
+/// output's type. Slot `-1` leaves its row as it is; a slot outside the cache is skipped and
+/// recorded.
+///
+/// Thread mapping ([`work_item`]): one thread per element, `2 * heads * head_dim` items per
+/// row (the key cache's, then the value cache's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReadParams {
+    /// The caches, paged by the slots read (the slot mapping is the slots).
+    pub cache: CacheView,
+    /// The caches' scales.
+    pub scales: ScalesView,
+    /// The key rows' output (`output`, `out_strides`, `out_type`; `heads`: the kv heads).
+    pub k: HeadsView,
+    /// The value rows' output.
+    pub v: HeadsView,
+    /// Where slots outside the cache are recorded.
+    pub errors: ErrorSink,
+    /// Rows read.
+    pub rows: u32,
+    /// Rows per grid row (see [`work_item`]).
+    pub chunk: u32,
+    /// Division by the items per row, `2 * heads * head_dim`.
+    pub items_div: FastDiv,
+    /// Division by `heads * head_dim`.
+    pub cache_div: FastDiv,
+    /// Division by `head_dim`.
+    pub dim_div: FastDiv,
+    /// Division by the outputs' `seq`.
+    pub seq_div: FastDiv,
+}
+
 impl KvParams {
     /// The element types of the operands, as the views hold them (an absent q takes k's).
     pub fn types(&self) -> KvTypes {
