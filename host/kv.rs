@@ -563,7 +563,10 @@ pub(crate) fn plan_kv(
         false => KvWidth::Scalar,
         true if !claim => KvWidth::Decode,
         // The caller's tables come in `_v_t` kernels only, one head per thread like `_p`.
-        true if tokens <= KV_PREFILL_MAX_TOKENS && spec.tables != TableSource::Caller => KvWidth::Prefill,
+        // FP8 caches take one head a thread at every size (their kernels have no `_v`).
+        true if (tokens <= KV_PREFILL_MAX_TOKENS || fp8.is_some()) && spec.tables != TableSource::Caller => {
+            KvWidth::Prefill
+        }
         true => KvWidth::Vector,
     };
     // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
@@ -575,7 +578,9 @@ pub(crate) fn plan_kv(
         _ => 1,
     };
     let (k_lanes, v_lanes) = (rot_lanes + (hd - rot) / cw, hd / cw);
-    let lane_counts = [rot_lanes, k_lanes, v_lanes].map(|l| l as u64);
+    // q into an FP8 buffer copies its dims past rotary_dim too: k's lanes.
+    let q_lanes = if q_fp8.is_some() { k_lanes } else { rot_lanes };
+    let lane_counts = [q_lanes, k_lanes, v_lanes].map(|l| l as u64);
     let (k_start, v_start, work) =
         kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
     let Some((geometry, chunk)) = flat_geometry(tokens as u32, work)? else { return Ok(None) };
@@ -1217,12 +1222,14 @@ mod tests {
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
                             let key = KvKey { style, types: KvTypes::uniform(dtype), width, tables: source, mrope };
                             assert!(key.entry_point().is_some(), "{key:?}");
-                            // FP8 caches of either format: one entry point for both.
+                            // FP8 caches of either format: one entry point for both, at every
+                            // width the plan picks for them (no `_v`).
                             let [e4, e5] = [DType::E4M3, DType::E5M2].map(|f| {
                                 let types = KvTypes { cache_k: f, cache_v: f, ..KvTypes::uniform(dtype) };
                                 KvKey { types, ..key }.entry_point()
                             });
-                            assert!(e4.is_some() && e4 == e5, "{key:?}");
+                            assert_eq!(e4, e5, "{key:?}");
+                            assert_eq!(e4.is_some(), width != KvWidth::Vector, "{key:?}");
                         }
                     }
                 }

@@ -250,3 +250,34 @@ fn the_rounded_rotation_is_the_nearest_f32() {
     assert!(fast_off > n / 100, "{fast_off} of {n}");
     assert!(cancelled > 1000 && cancelled <= n / 2, "{cancelled}");
 }
+
+/// `div_by` (the kernels' division by a scale: the reciprocal's product and one exact
+/// correction) is the IEEE quotient wherever it is normal and the dividend above 2^-100 (so
+/// the residual is normal), and converts to the same FP8 code everywhere (tiny quotients keep
+/// their sign, overflows saturate, NaN stays NaN).
+#[test]
+fn division_by_the_reciprocal_is_exact() {
+    use rope_cuda::reference::splitmix64;
+    use rope_cuda_kernels::math::div_by;
+    let seed = common::test_seed("fp8::division_by_the_reciprocal_is_exact");
+    let mut scales = vec![3.7f32, 1.0, 0.1, 1.5 / 224.0, 448.0, 1e-30, 1e30, -2.5, f32::MIN_POSITIVE];
+    scales.extend((0..200u64).map(|i| f32::from_bits(0x3000_0000 + (splitmix64(seed ^ i) as u32 % 0x1F00_0000))));
+    let mut xs = common::fp8_inputs(seed);
+    xs.truncate(300_000);
+    let (mut exact, mut n) = (0usize, 0usize);
+    for &b in &scales {
+        let r = 1.0 / b;
+        for &x in &xs {
+            let (got, want) = (div_by(x, b, r), x / b);
+            n += 1;
+            if want.is_normal() && x.abs() >= 2f32.powi(-100) {
+                assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / {b:e}");
+                exact += 1;
+            }
+            for f in [Fp8::E4M3, Fp8::E5M2] {
+                assert_eq!(f.from_f32(got), f.from_f32(want), "{f:?}: {x:e} / {b:e}: {got:e} vs {want:e}");
+            }
+        }
+    }
+    assert!(exact > n / 2, "{exact} of {n}");
+}

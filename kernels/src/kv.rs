@@ -270,8 +270,10 @@ pub(crate) unsafe fn kv_append<
         }
     };
     let (input, strides) = (pick(&|v| v.input), [0, 1, 2].map(|i| pick(&|v| v.in_strides[i])));
+    // q into an FP8 buffer takes the copying lanes of the dims past rotary_dim too, as k.
+    let q_fp8 = W::FP8 && p.q.output != 0;
     let (heads, lanes, slots, w) = if is_q {
-        (p.q.heads, p.rot_lanes, p.lanes_div[0], w)
+        (p.q.heads, if q_fp8 { p.k_lanes } else { p.rot_lanes }, p.lanes_div[0], w)
     } else if is_k {
         (p.k.heads, p.k_lanes, p.lanes_div[1], w - k_start)
     } else {
@@ -286,7 +288,19 @@ pub(crate) unsafe fn kv_append<
     let offset = b * strides[0] + s * strides[1] + h0 * strides[2];
     let src = (input as *const u8).wrapping_add(offset as usize * R::SIZE);
     let src_step = strides[2] as usize * R::SIZE;
-    let rotating = is_q || (is_k && lane < p.rot_lanes as usize);
+    let rotating = (is_q || is_k) && lane < p.rot_lanes as usize;
+    // FP8 stores: the format (one for both caches, checked by the host), and this item's first
+    // scale, loaded now, off the stores' path.
+    let fmt = if W::FP8 { p.cache.types().0.fp8().unwrap_or(Fp8::E4M3) } else { Fp8::E4M3 };
+    let quant = match item {
+        Some(_) if W::FP8 && (!is_q || q_fp8) => {
+            let (at, step) = if is_q { (p.scales.q(), 0) } else { p.scales.head(!is_k, h0) };
+            // SAFETY: the host checked the scale buffers: one f32 (q's, or one for all kv
+            // heads) or one per kv head, and `h0` is a head of the launch.
+            unsafe { Quant::new::<W>(fmt, at as *const f32, step as usize) }
+        }
+        _ => Quant::NONE,
+    };
     let rows = Rows { src, dst: core::ptr::null_mut(), src_step, dst_step: 0, count };
     let load_first = || {
         if item.is_some() && rotating {
@@ -299,12 +313,12 @@ pub(crate) unsafe fn kv_append<
     };
     // A copying lane's first head is loaded now too: its store then waits on the position,
     // slot and owner only, not on a load issued after them.
-    let copy_at = match (rotating, is_k) {
+    let copy_at = match (rotating, is_q || is_k) {
         (true, _) => 0,
         (false, true) => (2 * half + (lane - p.rot_lanes as usize) * C::E) * C::SIZE,
         (false, false) => lane * C::E * C::SIZE,
     };
-    // SAFETY: a copying lane's elements lie in the row (past the rotary dims for keys).
+    // SAFETY: a copying lane's elements lie in the row (past the rotary dims for q and k).
     let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
     // The kernels that fill block rows without scanning load after the rows
     // (`KV_LOADS_AFTER_FILL`).
@@ -386,17 +400,19 @@ pub(crate) unsafe fn kv_append<
         // the block's rows were filled before a barrier.
         entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
     }
-    // FP8 caches: their format (one for both, checked by the host), and the scales.
-    let fmt = if W::FP8 { p.cache.types().0.fp8().unwrap_or(Fp8::E4M3) } else { Fp8::E4M3 };
     if is_q {
-        if W::FP8 && p.q.output != 0 {
-            // q into its FP8 buffer, with its scale.
+        if q_fp8 {
+            // q into its FP8 buffer, with its scale; the dims past rotary_dim copied.
             let dst = (p.q.output as *mut u8).wrapping_add(p.q.out_offset(b, s, h0) as usize * W::SIZE);
             let rows = Rows { src, dst, src_step, dst_step: p.q.out_strides[2] as usize * W::SIZE, count };
-            let quant = Quant { fmt, scales: p.scales.q() as *const f32, step: 0 };
             // SAFETY: q's output rows are in their buffer, written by this item alone; the
             // host checked q's scale buffer.
-            unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant) };
+            unsafe {
+                match rotating {
+                    true => S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant),
+                    false => rows.copy::<C, D>(first_copy, copy_at, quant),
+                }
+            };
         } else {
             // q, in place.
             let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
@@ -412,8 +428,6 @@ pub(crate) unsafe fn kv_append<
     let cache = if is_k { p.cache.k() } else { p.cache.v() };
     let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * W::SIZE);
     let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * W::SIZE, count };
-    let (scales, step) = p.scales.head(!is_k, h0);
-    let quant = Quant { fmt, scales: scales as *const f32, step: step as usize };
     if rotating {
         // SAFETY: slot `n` is in the cache; this token alone writes it; the host checked the
         // scale buffers of FP8 caches (one f32, or one per kv head).

@@ -66,6 +66,26 @@ pub fn rotate_pair_rounded(x0: f32, x1: f32, c: (f32, f32), s: (f32, f32)) -> (f
     (dot2_rounded(x0, c.0, c.1, -x1, s.0, s.1), dot2_rounded(x1, c.0, c.1, x0, s.0, s.1))
 }
 
+/// `x / b` rounded to the nearest f32, from `r`, the f32 nearest `1 / b`: `q = x r`, then one
+/// correction by the exact residual `x - q b` (an FMA), which Markstein's theorem makes the
+/// correctly rounded quotient where `b`, `r` and the quotient are normal and the residual does
+/// not underflow (`x` above about 2^-100; smaller quotients are far below either FP8 format's
+/// smallest subnormal, where only their sign, kept, matters). A zero or non-finite
+/// `x r` is returned as it is (the correction would lose a zero's sign or make a NaN of an
+/// infinity): the quotient's FP8 code is the same there. Three FMA-class instructions where
+/// IEEE division takes a reciprocal, a Newton step and a range check of its own per value.
+#[inline(always)]
+pub fn div_by(x: f32, b: f32, r: f32) -> f32 {
+    let q = x * r;
+    let e = fma(-q, b, x);
+    let q1 = fma(e, r, q);
+    if q1 != 0.0 && abs(q1) < f32::INFINITY {
+        q1
+    } else {
+        q
+    }
+}
+
 /// `|v|`.
 #[inline(always)]
 pub fn abs(v: f32) -> f32 {

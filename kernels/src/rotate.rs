@@ -9,8 +9,8 @@ use crate::gpu::{
     Bits, Elem, Io, Lane,
 };
 use crate::math::{
-    abs, angle_index, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
-    ANGLE_STEPS,
+    abs, angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair,
+    turns_at, ANGLE_STEPS,
 };
 use crate::mem::sync_threads;
 use crate::params::{row_stride, SharedLayout};
@@ -751,11 +751,12 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// data.
 ///
 /// FP8 outputs (`W::FP8`) store the code of `y / scale` in format `fmt`, `y` the f32 nearest
-/// the exact rotation: the fast quotient serves where it lies farther from every point where
-/// the code changes ([`Fp8::margin`]) than its error can reach (the fast rotation is within
-/// 2^-21.7 (|x0| + |x1|) of that `y`, so the quotients within 2^-20.8 (|x0| + |x1|) / scale of
-/// each other, divisions' roundings included); otherwise the lane is redone with
-/// [`rotate_pair_rounded`]. So every code is the one of the correctly rounded rotation.
+/// the exact rotation: the fast quotient (the fast rotation times the scale's reciprocal)
+/// serves where it lies farther from every point where the code changes ([`Fp8::margin`])
+/// than its error can reach (the fast rotation is within 2^-21.7 (|x0| + |x1|) of that `y`,
+/// and the product within 2 ulps of the quotient: in all under 2^-20.5 (|x0| + |x1|) / scale);
+/// otherwise the lane is redone with [`rotate_pair_rounded`] and the exact quotient
+/// ([`Scale::div`]). So every code is the one of the correctly rounded rotation.
 ///
 /// # Safety
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
@@ -768,7 +769,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     (raw, out): (&[Bits; 2], &mut [Bits; 2]),
     pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
     reload: impl Fn() -> [Bits; 2],
-    (fmt, scale): (Fp8, f32),
+    (fmt, scale): (Fp8, Scale),
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
@@ -788,10 +789,10 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             }
         }
         if W::FP8 {
-            (y0, y1) = (y0 / scale, y1 / scale);
+            (y0, y1) = (y0 * scale.r, y1 * scale.r);
             let margin = fmt.margin(y0).min(fmt.margin(y1));
             // False on NaN (a NaN or non-positive scale: the exact path decides).
-            let safe = margin * scale > FP8_SLACK * (abs(a) + abs(b));
+            let safe = margin * scale.s > FP8_SLACK * (abs(a) + abs(b));
             redo |= !safe;
         }
         W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
@@ -807,7 +808,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             let (y0, y1) = match W::FP8 {
                 true => {
                     let (y0, y1) = rotate_pair_rounded(a, b, c, s);
-                    (y0 / scale, y1 / scale)
+                    (scale.div(y0), scale.div(y1))
                 }
                 false => rotate_pair(a, b, c, s),
             };
@@ -817,45 +818,82 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     }
 }
 
-/// 2^-20: above the fast quotient's error, 2^-20.8 (|x0| + |x1|) / scale ([`rotate_lane`]).
-const FP8_SLACK: f32 = 1.0 / 1_048_576.0;
+/// 2^-19: above the fast quotient's error, 2^-20.5 (|x0| + |x1|) / scale ([`rotate_lane`]).
+const FP8_SLACK: f32 = 1.0 / 524_288.0;
+
+/// A head's scale and its reciprocal, the f32 nearest `1 / s`.
+#[derive(Clone, Copy)]
+pub(crate) struct Scale {
+    pub s: f32,
+    pub r: f32,
+}
+
+impl Scale {
+    /// For outputs that are not FP8 (never divided by).
+    const ONE: Scale = Scale { s: 1.0, r: 1.0 };
+
+    #[inline(always)]
+    fn of(s: f32) -> Scale {
+        Scale { s, r: 1.0 / s }
+    }
+
+    /// `x / s`, the quotient rounded to the nearest f32 ([`div_by`] where the scale and its
+    /// reciprocal are normal, the IEEE division otherwise).
+    #[inline(always)]
+    pub fn div(self, x: f32) -> f32 {
+        if self.s.is_normal() && self.r.is_normal() {
+            div_by(x, self.s, self.r)
+        } else {
+            x / self.s
+        }
+    }
+}
 
 /// How the stores of FP8 outputs convert: the format, and each head's scale (the code stored
-/// is that of `x / scale`, the quotient rounded to f32 first: an IEEE division). Outputs of
-/// other types ignore it ([`Quant::NONE`]).
+/// is that of `x / scale`, the quotient rounded to f32 first). Outputs of other types ignore
+/// it ([`Quant::NONE`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Quant {
     /// The format.
     pub fmt: Fp8,
     /// The scale of the rows' first head; head `h`'s is `h * step` f32 further (0: one for
     /// every head).
-    pub scales: *const f32,
-    pub step: usize,
+    scales: *const f32,
+    step: usize,
+    /// The first head's, loaded when the quantizer is made (early, off the stores' path).
+    first: Scale,
 }
 
 impl Quant {
     /// For outputs that are not FP8.
-    pub const NONE: Quant = Quant { fmt: Fp8::E4M3, scales: core::ptr::null(), step: 0 };
+    pub const NONE: Quant = Quant { fmt: Fp8::E4M3, scales: core::ptr::null(), step: 0, first: Scale::ONE };
 
-    /// The scale of head `h` of the rows, read through the read-only cache (read at launch:
-    /// an engine updates it in place).
+    /// The quantizer of rows whose first head's scale is at `scales`, the next heads' `step`
+    /// f32 apart; loads the first where `W` stores FP8.
     ///
     /// # Safety
-    /// `scales` is a global address valid for head `h`'s f32, not written during the kernel.
+    /// Where `W` stores FP8: `scales` is a global address valid for the first head's f32, not
+    /// written during the kernel.
     #[inline(always)]
-    unsafe fn scale(&self, h: usize) -> f32 {
+    pub unsafe fn new<W: Io>(fmt: Fp8, scales: *const f32, step: usize) -> Quant {
         // SAFETY: the caller's contract.
-        unsafe { load_table(self.scales.wrapping_add(h * self.step), 1)[0] }
+        let first = if W::FP8 { Scale::of(unsafe { load_table(scales, 1)[0] }) } else { Scale::ONE };
+        Quant { fmt, scales, step, first }
     }
 
-    /// The format and head `h`'s scale where `W` stores FP8 (else nothing is read).
+    /// The format and head `h`'s scale where `W` stores FP8 (read from memory at launch, so an
+    /// engine updates it in place).
     ///
     /// # Safety
-    /// As [`Quant::scale`], where `W` stores FP8.
+    /// Where `W` stores FP8, `scales` is valid for head `h`'s f32 and not written during the
+    /// kernel.
     #[inline(always)]
-    unsafe fn of<W: Io>(&self, h: usize) -> (Fp8, f32) {
+    unsafe fn of<W: Io>(&self, h: usize) -> (Fp8, Scale) {
+        if !W::FP8 || h == 0 || self.step == 0 {
+            return (self.fmt, self.first);
+        }
         // SAFETY: the caller's contract.
-        (self.fmt, if W::FP8 { unsafe { self.scale(h) } } else { 1.0 })
+        (self.fmt, Scale::of(unsafe { load_table(self.scales.wrapping_add(h * self.step), 1)[0] }))
     }
 }
 
@@ -908,16 +946,16 @@ impl Rows {
 }
 
 /// Elements loaded by `C` as `D` stores them: the same bits where the types agree, else each
-/// value rounded to `D`'s type (FP8: its quotient by `scale`, in format `fmt`).
+/// value rounded to `D`'s type (FP8: its quotient by the scale, in format `fmt`).
 #[inline(always)]
-fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, f32)) -> Bits {
+fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale)) -> Bits {
     if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 {
         return raw;
     }
     let (mut out, mut pending) = ([0u32; 4], 0.0f32);
     unrolled(C::E, |i| {
         let x = C::get(&raw, i);
-        D::put(&mut out, &mut pending, i, if D::FP8 { x / scale } else { x }, fmt)
+        D::put(&mut out, &mut pending, i, if D::FP8 { scale.div(x) } else { x }, fmt)
     });
     out
 }
