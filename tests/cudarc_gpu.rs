@@ -315,3 +315,89 @@ fn a_buffer_lent_for_another_stream_is_refused() {
     rope.check_errors(&other).unwrap();
     assert_ne!(stream.clone_dtoh(&q).unwrap(), x);
 }
+
+/// An E4M3 cache on cudarc buffers: the append quantizes with the scales (per kv head), q
+/// goes to an FP8 buffer, and the dequantizing read brings the values back in f32.
+#[test]
+fn fp8_cache_on_cudarc_buffers() {
+    use rope_cuda::{KvRead, KvScales, F8E4M3};
+    let Some((stream, kernels)) = cudarc_gpu("fp8_cache_on_cudarc_buffers") else { return };
+    let seed = test_seed("fp8_cache_on_cudarc_buffers");
+    let (tokens, hq, hk, d, blocks, bs) = (5, 4, 2, 64, 4, 8);
+    let rope = Rope::new(&kernels, RopeConfig::new(d, 1024).dtype(DType::BF16)).unwrap();
+    let (q, k, v) = (
+        random_bf16(seed, 2, tokens * hq * d),
+        random_bf16(seed, 3, tokens * hk * d),
+        random_bf16(seed, 4, tokens * hk * d),
+    );
+    let (dq, dk, dv) = (
+        stream.clone_htod(&to2(&q)).unwrap(),
+        stream.clone_htod(&to2(&k)).unwrap(),
+        stream.clone_htod(&to2(&v)).unwrap(),
+    );
+    let cache_n = blocks * bs * hk * d;
+    let (mut dkc, mut dvc) = (
+        stream.clone_htod(&vec![F8E4M3(0x11); cache_n]).unwrap(),
+        stream.clone_htod(&vec![F8E4M3(0x11); cache_n]).unwrap(),
+    );
+    let mut dq8 = stream.clone_htod(&vec![F8E4M3(0); tokens * hq * d]).unwrap();
+    let (ks, vs, qs) = ([0.37f32, 3.7], [0.01f32, 2.0], [0.5f32]);
+    let (dks, dvs, dqs) =
+        (stream.clone_htod(&ks).unwrap(), stream.clone_htod(&vs).unwrap(), stream.clone_htod(&qs).unwrap());
+    let ids: Vec<i32> = (0..tokens as i32).map(|t| 100 + 3 * t).collect();
+    let slots: Vec<i64> = vec![3, 9, 20, 31, 0];
+    let (dids, dslots) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&slots).unwrap());
+    let layout = Layout::bshd(blocks, bs, hk, d);
+    let mut out = stream.clone_htod(&vec![0.0f32; tokens * hk * d]).unwrap();
+    {
+        let l = |h| Layout::packed(tokens, h, d);
+        let (qv, kv, vv) = (
+            Tensor::new((&dq, &stream), l(hq)),
+            Tensor::new((&dk, &stream), l(hk)),
+            Tensor::new((&dv, &stream), l(hk)),
+        );
+        let mut q8 = TensorMut::new((&mut dq8, &stream), l(hq));
+        let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), layout)
+            .scales(KvScales::per_head((&dks, &stream), (&dvs, &stream)));
+        let args = KvAppend::new(&kv, &vv, &mut cache, Positions::ids_i32((&dids, &stream)))
+            .q_fp8(&qv, &mut q8, (&dqs, &stream))
+            .slots((&dslots, &stream));
+        rope.append_kv(args, &stream).unwrap();
+        let mut o = TensorMut::new((&mut out, &stream), Layout::packed(tokens, hk, d));
+        rope.read_kv(KvRead::new(&cache, (&dslots, &stream)).v(&mut o), &stream).unwrap();
+        rope.check_errors(&stream).unwrap();
+    }
+    let (gv, gq8, back) =
+        (stream.clone_dtoh(&dvc).unwrap(), stream.clone_dtoh(&dq8).unwrap(), stream.clone_dtoh(&out).unwrap());
+    for t in 0..tokens {
+        for h in 0..hk {
+            for e in 0..d {
+                let (x, at) = (v[(t * hk + h) * d + e].to_f32(), (slots[t] as usize * hk + h) * d + e);
+                let code = F8E4M3::from_f32(x / vs[h]);
+                assert_eq!(gv[at].0, code.0, "v code of token {t}, head {h}, element {e}");
+                assert_eq!(back[(t * hk + h) * d + e], code.to_f32() * vs[h], "v read back");
+            }
+        }
+        // q's FP8 output: its dims are the rotation's, quantized (the codes of values within an
+        // ulp of the exact rotation, divided by the scale).
+        for h in 0..hq {
+            let at = (t * hq + h) * d;
+            let x: Vec<f64> = q[at..at + d].iter().map(|v| v.to_f64()).collect();
+            let y = rope_row_freqs(
+                &x,
+                ids[t] as f64,
+                &rope.config().frequencies().unwrap().0,
+                1.0,
+                RopeStyle::NeoX,
+                Direction::Forward,
+            );
+            for e in 0..d {
+                assert_eq!(
+                    gq8[at + e].0,
+                    F8E4M3::from_f32(y[e] as f32 / qs[0]).0,
+                    "q code of token {t}, head {h}, element {e}"
+                );
+            }
+        }
+    }
+}

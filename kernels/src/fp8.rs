@@ -126,39 +126,40 @@ impl Fp8 {
     /// is the exact one's.
     #[inline(always)]
     pub fn margin(self, q: f32) -> f32 {
+        // Selects only, no branches: the kernels take it for every value of a lane, in either
+        // format (chosen at launch).
         let a = q.to_bits() & 0x7FFF_FFFF;
-        if !(0x0080_0000..0x7F80_0000).contains(&a) {
-            return 0.0;
-        }
-        let m = self.mantissa();
+        let (m, min_normal) = (self.mantissa(), 1 - self.bias());
         let exp = (a >> 23) as i32 - 127;
-        let min_normal = 1 - self.bias();
-        // Distances in units of `q`'s f32 ulp.
-        let units = if exp >= min_normal {
-            let drop = 23 - m;
-            let (rest, half) = (a & ((1 << drop) - 1), 1 << (drop - 1));
-            // The midpoint above `q`'s code, or the one below: at the bottom of a binade the
-            // step below is half this binade's, so that midpoint is `rest + half / 2` away.
-            rest.abs_diff(half).min(rest + half / 2)
+        // The bits of `q`'s significand below the format's last place: `23 - m`, and the
+        // subnormal range's further ones. Past 25, `q` is under a quarter of the smallest
+        // subnormal and zero is the nearest point.
+        let below = if min_normal > exp { (min_normal - exp) as u32 } else { 0 };
+        let shift = 23 - m + below;
+        let sig = (a & 0x7F_FFFF) | 0x80_0000;
+        let s = if shift > 25 { 25 } else { shift };
+        let (rest, half) = (sig & ((1 << s) - 1), 1 << (s - 1));
+        // Distances in units of `q`'s f32 ulp: to the midpoint above `q`'s code or the one
+        // below; at the bottom of a normal binade the step below is half this binade's, so
+        // that midpoint is `rest + half / 2` away (subnormal steps are equal on both sides).
+        let mid = rest.abs_diff(half);
+        let edge = if below == 0 { rest + half / 2 } else { u32::MAX };
+        let units = if shift > 25 {
+            sig
+        } else if mid < edge {
+            mid
         } else {
-            let shift = (23 - m) as i32 + (min_normal - exp);
-            if shift > 25 {
-                // Under a quarter of the smallest subnormal: zero is the nearest point.
-                return f32::from_bits(a);
-            }
-            // Subnormal steps are equal on both sides of every midpoint.
-            let sig = (a & 0x7F_FFFF) | 0x80_0000;
-            let shift = shift as u32;
-            (sig & ((1 << shift) - 1)).abs_diff(1 << (shift - 1))
+            edge
         };
         // `2^(exp - 23)`, exactly (an f32 subnormal below 2^-126).
         let ulp = f32::from_bits(a & 0x7F80_0000) * pow2(-23);
         let d = units as f32 * ulp;
         let q = f32::from_bits(a);
-        if d < q {
+        let d = if d < q { d } else { q };
+        if (0x0080_0000..0x7F80_0000).contains(&a) {
             d
         } else {
-            q
+            0.0
         }
     }
 
@@ -169,23 +170,26 @@ impl Fp8 {
     pub fn pack2(self, hi: f32, lo: f32) -> u16 {
         #[cfg(all(target_arch = "nvptx64", target_feature = "sm_89"))]
         {
-            let d: u16;
-            // SAFETY: a register-only conversion, available from sm_89 (PTX ISA 7.8).
+            let (e4, e5): (u16, u16);
+            // SAFETY: register-only conversions, available from sm_89 (PTX ISA 7.8). Both
+            // formats, then a select: no branch where the format is chosen at launch.
             unsafe {
-                match self {
-                    Fp8::E4M3 => core::arch::asm!(
-                        "cvt.rn.satfinite.e4m3x2.f32 {}, {}, {};",
-                        out(reg16) d, in(reg32) hi, in(reg32) lo,
-                        options(pure, nomem, nostack, preserves_flags),
-                    ),
-                    Fp8::E5M2 => core::arch::asm!(
-                        "cvt.rn.satfinite.e5m2x2.f32 {}, {}, {};",
-                        out(reg16) d, in(reg32) hi, in(reg32) lo,
-                        options(pure, nomem, nostack, preserves_flags),
-                    ),
-                }
+                core::arch::asm!(
+                    "cvt.rn.satfinite.e4m3x2.f32 {}, {}, {};",
+                    out(reg16) e4, in(reg32) hi, in(reg32) lo,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+                core::arch::asm!(
+                    "cvt.rn.satfinite.e5m2x2.f32 {}, {}, {};",
+                    out(reg16) e5, in(reg32) hi, in(reg32) lo,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
             }
-            d
+            if self == Fp8::E4M3 {
+                e4
+            } else {
+                e5
+            }
         }
         #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_89")))]
         {

@@ -838,15 +838,22 @@ impl Scale {
     }
 
     /// `x / s`, the quotient rounded to the nearest f32 ([`div_by`] where the scale and its
-    /// reciprocal are normal, the IEEE division otherwise).
+    /// reciprocal are normal, the IEEE division otherwise, out of line).
     #[inline(always)]
     pub fn div(self, x: f32) -> f32 {
         if self.s.is_normal() && self.r.is_normal() {
             div_by(x, self.s, self.r)
         } else {
-            x / self.s
+            divide(x, self.s)
         }
     }
+}
+
+/// `x / s`, the IEEE division: for scales whose reciprocal is not normal (one copy of its code
+/// in each kernel, not one per value).
+#[inline(never)]
+fn divide(x: f32, s: f32) -> f32 {
+    x / s
 }
 
 /// How the stores of FP8 outputs convert: the format, and each head's scale (the code stored
@@ -860,13 +867,14 @@ pub(crate) struct Quant {
     /// every head).
     scales: *const f32,
     step: usize,
-    /// The first head's, loaded when the quantizer is made (early, off the stores' path).
-    first: Scale,
+    /// The first head's, loaded when the quantizer is made (early, off the stores' path; its
+    /// reciprocal is taken where it is used, so that nothing waits on the load before then).
+    first: f32,
 }
 
 impl Quant {
     /// For outputs that are not FP8.
-    pub const NONE: Quant = Quant { fmt: Fp8::E4M3, scales: core::ptr::null(), step: 0, first: Scale::ONE };
+    pub const NONE: Quant = Quant { fmt: Fp8::E4M3, scales: core::ptr::null(), step: 0, first: 1.0 };
 
     /// The quantizer of rows whose first head's scale is at `scales`, the next heads' `step`
     /// f32 apart; loads the first where `W` stores FP8.
@@ -877,7 +885,7 @@ impl Quant {
     #[inline(always)]
     pub unsafe fn new<W: Io>(fmt: Fp8, scales: *const f32, step: usize) -> Quant {
         // SAFETY: the caller's contract.
-        let first = if W::FP8 { Scale::of(unsafe { load_table(scales, 1)[0] }) } else { Scale::ONE };
+        let first = if W::FP8 { unsafe { load_table(scales, 1)[0] } } else { 1.0 };
         Quant { fmt, scales, step, first }
     }
 
@@ -889,8 +897,11 @@ impl Quant {
     /// kernel.
     #[inline(always)]
     unsafe fn of<W: Io>(&self, h: usize) -> (Fp8, Scale) {
-        if !W::FP8 || h == 0 || self.step == 0 {
-            return (self.fmt, self.first);
+        if !W::FP8 {
+            return (self.fmt, Scale::ONE);
+        }
+        if h == 0 || self.step == 0 {
+            return (self.fmt, Scale::of(self.first));
         }
         // SAFETY: the caller's contract.
         (self.fmt, Scale::of(unsafe { load_table(self.scales.wrapping_add(h * self.step), 1)[0] }))
