@@ -394,6 +394,20 @@ impl KvPlan {
     }
 }
 
+/// The caches' one layout (the key cache's; the value cache's must equal it).
+fn cache_layout(cache: &RawKvCache) -> Result<Layout> {
+    let cl = cache.k.layout;
+    if cache.v.layout != cl {
+        return Err(Error::Shape {
+            what: "v cache",
+            axis: "layout (must equal the key cache's)",
+            expected: cl.extent().unwrap_or(0),
+            got: cache.v.layout.extent().unwrap_or(0),
+        });
+    }
+    Ok(cl)
+}
+
 /// The scales of `cache`, checked: FP8 caches (`fp8`) need them, others take none; each
 /// buffer holds one f32, or, per head, one per kv head, and is aligned for f32.
 fn check_scales(cache: &RawKvCache, fp8: bool, kv_heads: usize) -> Result<Option<RawScales>> {
@@ -457,15 +471,7 @@ pub(crate) fn plan_kv(
     check_view("v", &args.v)?;
 
     let cache = &args.cache;
-    let cl = cache.k.layout;
-    if cache.v.layout != cl {
-        return Err(Error::Shape {
-            what: "v cache",
-            axis: "layout (must equal the key cache's)",
-            expected: cl.extent().unwrap_or(0),
-            got: cache.v.layout.extent().unwrap_or(0),
-        });
-    }
+    let cl = cache_layout(cache)?;
     let (blocks, block_size) = (cl.shape[0], cl.shape[1]);
     check_axis("cache", "heads", kv_heads, cl.shape[2])?;
     check_axis("cache", "head_dim", hd, cl.shape[3])?;
@@ -710,15 +716,7 @@ fn plan_read(args: &RawKvRead, errors: ErrorSink) -> Result<Option<(ReadKey, Rea
     if cache.v.dtype != cache.k.dtype {
         return Err(Error::DType { what: "v cache", expected: cache.k.dtype, got: cache.v.dtype });
     }
-    let cl = cache.k.layout;
-    if cache.v.layout != cl {
-        return Err(Error::Shape {
-            what: "v cache",
-            axis: "layout (must equal the key cache's)",
-            expected: cl.extent().unwrap_or(0),
-            got: cache.v.layout.extent().unwrap_or(0),
-        });
-    }
+    let cl = cache_layout(cache)?;
     check_view("k cache", &cache.k)?;
     check_view("v cache", &cache.v)?;
     let (blocks, block_size, heads, hd) = (cl.shape[0], cl.shape[1], cl.shape[2], cl.shape[3]);

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{download_t, gpu, row_at, test_seed, upload_t, Gpu, TestElem};
+use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Gpu, TestElem};
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row, rope_row_streams, splitmix64, uniform_vec};
@@ -46,30 +46,6 @@ impl Code for F8E5M2 {
     }
     fn byte(self) -> u8 {
         self.0
-    }
-}
-
-/// Where the append writes.
-#[derive(Debug, Clone, Copy)]
-enum CacheKind {
-    /// `[batch, seq, heads, head_dim]`, `seq` rows per sequence.
-    Bshd(usize),
-    /// `[batch, heads, seq, head_dim]`.
-    Bhsd(usize),
-    /// Paged `[blocks, block_size, heads, head_dim]`.
-    PagedNhd(usize, usize),
-    /// Paged `[blocks, heads, block_size, head_dim]`.
-    PagedHnd(usize, usize),
-}
-
-impl CacheKind {
-    fn layout(self, batch: usize, heads: usize, d: usize) -> (Layout, bool) {
-        match self {
-            CacheKind::Bshd(s) => (Layout::bshd(batch, s, heads, d), false),
-            CacheKind::Bhsd(s) => (Layout::bhsd(batch, heads, s, d), false),
-            CacheKind::PagedNhd(n, bs) => (Layout::bshd(n, bs, heads, d), true),
-            CacheKind::PagedHnd(n, bs) => (Layout::bhsd(n, heads, bs, d), true),
-        }
     }
 }
 

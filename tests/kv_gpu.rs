@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, Gpu, Reader, TestElem};
+use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, CacheKind, Gpu, Reader, TestElem};
 use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
@@ -220,30 +220,6 @@ fn reference_update_rejects_bad_lengths_and_aliasing_before_launch() {
     );
     let out = download_t(&out);
     assert!(out[4..32].iter().chain(&out[36..]).all(|&v| v == 0.25), "only position 0 may change");
-}
-
-/// Where the fused append writes.
-#[derive(Debug, Clone, Copy)]
-enum CacheKind {
-    /// `[batch, seq, heads, head_dim]`, `seq` rows per sequence.
-    Bshd(usize),
-    /// `[batch, heads, seq, head_dim]`.
-    Bhsd(usize),
-    /// Paged `[blocks, block_size, heads, head_dim]`.
-    PagedNhd(usize, usize),
-    /// Paged `[blocks, heads, block_size, head_dim]`.
-    PagedHnd(usize, usize),
-}
-
-impl CacheKind {
-    fn layout(self, batch: usize, heads: usize, d: usize) -> (Layout, bool) {
-        match self {
-            CacheKind::Bshd(s) => (Layout::bshd(batch, s, heads, d), false),
-            CacheKind::Bhsd(s) => (Layout::bhsd(batch, heads, s, d), false),
-            CacheKind::PagedNhd(n, bs) => (Layout::bshd(n, bs, heads, d), true),
-            CacheKind::PagedHnd(n, bs) => (Layout::bhsd(n, heads, bs, d), true),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy)]

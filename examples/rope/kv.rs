@@ -101,6 +101,22 @@ fn reference(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRow> {
     })
 }
 
+/// The paged cache of [`step`] and [`fp8_step`] (blocks of 16, 8 kv heads of 128) and their
+/// tokens' positions and slots: sequence i owns blocks `i * blocks_per_seq ..`, its token j is
+/// at position 2048 + j.
+fn paged_step(seqs: usize, new: usize) -> (Layout, Vec<i32>, Vec<i64>) {
+    let (hk, d, bs, context) = (8, 128, 16, 2048);
+    let blocks_per_seq = (context + new).div_ceil(bs);
+    let positions = (0..seqs * new).map(|t| (context + t % new) as i32).collect();
+    let slots = (0..seqs * new)
+        .map(|t| {
+            let (i, pos) = (t / new, context + t % new);
+            ((i * blocks_per_seq + pos / bs) * bs + pos % bs) as i64
+        })
+        .collect();
+    (Layout::bshd(seqs * blocks_per_seq, bs, hk, d), positions, slots)
+}
+
 /// A step over a paged cache (blocks of 16): `seqs` sequences of `new` tokens each, 32 q and
 /// 8 kv heads of 128, bf16, NeoX, each sequence's tokens appended after `context` cached ones.
 /// Returns the fused launch, and either RoPE followed by a separate append (`decode`) or a
@@ -113,20 +129,12 @@ fn step(
     decode: bool,
     extra: &mut Vec<KvRow>,
 ) -> Res<KvRow> {
-    let (hq, hk, d, bs, context) = (32, 8, 128, 16, 2048);
+    let (hq, hk, d) = (32, 8, 128);
     let tokens = seqs * new;
-    let blocks_per_seq = (context + new).div_ceil(bs);
-    let blocks = seqs * blocks_per_seq;
-    let cache_layout = Layout::bshd(blocks, bs, hk, d);
+    let (cache_layout, positions, slots) = paged_step(seqs, new);
+    let blocks = cache_layout.shape[0];
+    let bs = cache_layout.shape[1];
     let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?)?;
-    // Sequence i owns blocks i * blocks_per_seq ..; its token j is at position context + j.
-    let positions: Vec<i32> = (0..tokens).map(|t| (context + t % new) as i32).collect();
-    let slots: Vec<i64> = (0..tokens)
-        .map(|t| {
-            let (i, pos) = (t / new, context + t % new);
-            ((i * blocks_per_seq + pos / bs) * bs + pos % bs) as i64
-        })
-        .collect();
     let (qh, kh, vh) = (seeded(10, tokens * hq * d), seeded(11, tokens * hk * d), seeded(12, tokens * hk * d));
     let (mut dq, dk, dv) = (upload(&qh)?, upload(&kh)?, upload(&vh)?);
     let cache_n = blocks * bs * hk * d;
@@ -395,19 +403,11 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
 /// it must move (q, k and v read in bf16, q written in bf16, k and v written in FP8). Checked
 /// on a sample: every key and value code equal to the model's.
 fn fp8_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, seqs: usize, new: usize) -> Res<KvRow> {
-    let (hq, hk, d, bs, context) = (32, 8, 128, 16, 2048);
+    let (hq, hk, d) = (32, 8, 128);
     let tokens = seqs * new;
-    let blocks_per_seq = (context + new).div_ceil(bs);
-    let blocks = seqs * blocks_per_seq;
-    let cache_layout = Layout::bshd(blocks, bs, hk, d);
+    let (cache_layout, positions, slots) = paged_step(seqs, new);
+    let (blocks, bs) = (cache_layout.shape[0], cache_layout.shape[1]);
     let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?)?;
-    let positions: Vec<i32> = (0..tokens).map(|t| (context + t % new) as i32).collect();
-    let slots: Vec<i64> = (0..tokens)
-        .map(|t| {
-            let (i, pos) = (t / new, context + t % new);
-            ((i * blocks_per_seq + pos / bs) * bs + pos % bs) as i64
-        })
-        .collect();
     let (kh, vh) = (seeded(11, tokens * hk * d), seeded(12, tokens * hk * d));
     let (mut dq, dk, dv) = (upload(&seeded(10, tokens * hq * d))?, upload(&kh)?, upload(&vh)?);
     let cache_n = blocks * bs * hk * d;

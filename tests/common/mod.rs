@@ -250,3 +250,29 @@ pub fn fp8_random(seed: u64, pairs: u64) -> impl Iterator<Item = f32> {
         [f32::from_bits(r as u32), f32::from_bits(spread)]
     })
 }
+
+/// Where a fused append writes (the KV tests' cache layouts).
+#[derive(Debug, Clone, Copy)]
+pub enum CacheKind {
+    /// `[batch, seq, heads, head_dim]`, `seq` rows per sequence.
+    Bshd(usize),
+    /// `[batch, heads, seq, head_dim]`.
+    Bhsd(usize),
+    /// Paged `[blocks, block_size, heads, head_dim]`.
+    PagedNhd(usize, usize),
+    /// Paged `[blocks, heads, block_size, head_dim]`.
+    PagedHnd(usize, usize),
+}
+
+impl CacheKind {
+    /// The cache's layout for `batch` sequences of `heads` heads of `d`, and whether it is paged.
+    pub fn layout(self, batch: usize, heads: usize, d: usize) -> (rope_cuda::Layout, bool) {
+        use rope_cuda::Layout;
+        match self {
+            CacheKind::Bshd(s) => (Layout::bshd(batch, s, heads, d), false),
+            CacheKind::Bhsd(s) => (Layout::bhsd(batch, heads, s, d), false),
+            CacheKind::PagedNhd(n, bs) => (Layout::bshd(n, bs, heads, d), true),
+            CacheKind::PagedHnd(n, bs) => (Layout::bhsd(n, heads, bs, d), true),
+        }
+    }
+}
