@@ -154,8 +154,10 @@ fn computed_kernels_use_no_fp64() {
 }
 
 /// The FP8 kernels convert with sm_89's instruction where the PTX's architecture has it
-/// (sm_90, sm_100) and with the integer twin in sm_80's, and divide by the scale with the IEEE
-/// division (`div.rn.f32`), never an approximation; the other kernels convert nothing to FP8.
+/// (sm_90, sm_100) and with the integer twin in sm_80's, and divide by the scale exactly: its
+/// correctly rounded reciprocal (`rcp.rn.f32`) and a correction (`div_by`), or the IEEE
+/// division (`div.rn.f32`) out of line, never an approximation; the other kernels convert
+/// nothing to FP8.
 #[test]
 fn fp8_kernels_convert_by_architecture_and_divide_exactly() {
     let fp8: Vec<_> = named("kv_").into_iter().filter(|n| n.contains("_fp8_")).collect();
@@ -168,9 +170,21 @@ fn fp8_kernels_convert_by_architecture_and_divide_exactly() {
                 let cvt = format!("cvt.rn.satfinite.{f}.f32");
                 assert_eq!(b.contains(&cvt), hardware, "{arch} {name}: {cvt}");
             }
-            assert!(b.contains("div.rn.f32"), "{arch} {name}: no IEEE division");
-            assert!(!b.contains("div.approx") && !b.contains("div.full"), "{arch} {name}: an approximate division");
+            // The scale's reciprocal rounded to nearest (`div_by` corrects the product), and
+            // the IEEE division of unusual scales called out of line.
+            assert!(b.contains("rcp.rn.f32"), "{arch} {name}: no correctly rounded reciprocal");
+            assert!(b.contains("call.uni"), "{arch} {name}: no call of the out-of-line division");
+            for approx in ["div.approx", "div.full", "rcp.approx"] {
+                assert!(!b.contains(approx), "{arch} {name}: an approximate division ({approx})");
+            }
         }
+        // That division is IEEE's: the body of its definition (not its declaration).
+        let defined = ptx.match_indices("6divide(").any(|(i, _)| {
+            let rest = &ptx[i..];
+            let after = rest[rest.find(')').unwrap_or(0) + 1..].trim_start();
+            after.starts_with('{') && after[..after.find('}').unwrap_or(after.len())].contains("div.rn.f32")
+        });
+        assert!(defined, "{arch}: no out-of-line IEEE division");
         let others = named("").into_iter().filter(|n| !n.contains("_fp8_") && *n != "bench_fp8");
         for name in others {
             assert!(!body(ptx, name).contains("satfinite.e"), "{arch} {name}: converts to FP8");
