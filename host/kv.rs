@@ -759,6 +759,9 @@ fn plan_read(args: &RawKvRead, errors: ErrorSink) -> Result<Option<(ReadKey, Rea
         }
     }
     if let (Some(k), Some(v)) = (args.k, args.v) {
+        // One row index for both: the same batch and seq.
+        check_axis("v out", "batch", k.layout.shape[0], v.layout.shape[0])?;
+        check_axis("v out", "seq", k.layout.shape[1], v.layout.shape[1])?;
         check_disjoint(("v out", &v), ("k out", &k))?;
     }
     let num_slots = blocks.saturating_mul(block_size);
@@ -1409,6 +1412,27 @@ mod tests {
         // FP8 is never the inputs' type.
         let config = RopeConfig::new(128, 4096).dtype(DType::E4M3);
         assert!(matches!(config.validate(), Err(Error::DType { got: DType::E4M3, .. })));
+    }
+
+    #[test]
+    fn reads_check_their_outputs() {
+        let a = fp8_args(false);
+        let out = |i, b, s| RawTensor { dtype: DType::F32, ..tensor(i, Layout::bshd(b, s, 2, 128)) };
+        let read = RawKvRead { cache: a.cache, slots: (12 * BASE, 6), k: Some(out(13, 2, 3)), v: Some(out(14, 2, 3)) };
+        let (key, p, _) = plan_read(&read, ErrorSink::default()).unwrap().unwrap();
+        assert_eq!((key.out, p.rows, p.seq_div.divisor), (DType::F32, 6, 3));
+        // Outputs of one row count but other shapes, of two types, or too few rows: refused.
+        let e = plan_read(&RawKvRead { v: Some(out(14, 1, 6)), ..read }, ErrorSink::default());
+        assert!(matches!(e, Err(Error::Shape { what: "v out", axis: "batch", .. })), "{e:?}");
+        let bf = RawTensor { dtype: DType::BF16, ..out(14, 2, 3) };
+        let e = plan_read(&RawKvRead { v: Some(bf), ..read }, ErrorSink::default());
+        assert!(matches!(e, Err(Error::DType { what: "v out", .. })), "{e:?}");
+        let e = plan_read(&RawKvRead { slots: (12 * BASE, 5), ..read }, ErrorSink::default());
+        assert!(matches!(e, Err(Error::Length { what: "slots", .. })), "{e:?}");
+        let e = plan_read(&RawKvRead { cache: args().cache, ..read }, ErrorSink::default());
+        assert!(matches!(e, Err(Error::DType { what: "k cache", .. })), "{e:?}");
+        // Nothing to read: no launch.
+        assert!(plan_read(&RawKvRead { k: None, v: None, ..read }, ErrorSink::default()).unwrap().is_none());
     }
 
     /// The GPU-free check of the append is the launch's own: it accepts what the launch
