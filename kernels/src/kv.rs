@@ -487,16 +487,13 @@ pub(crate) unsafe fn read<T: Elem>(p: &ReadParams) {
     };
     let (which, rest) = p.cache_div.divmod(w);
     let (h, e) = p.dim_div.divmod(rest);
-    let out = if which == 0 { &p.k } else { &p.v };
-    if out.output == 0 {
-        return;
-    }
     // SAFETY: the slots hold an entry per row.
     let raw = unsafe { p.cache.raw_slot(r) };
     let n = match p.cache.slot(|| 0, 0, raw) {
         SlotOf::Slot(n) => n,
         SlotOf::Skip => return,
         SlotOf::OutOfRange(raw) => {
+            // The row's first item reports, whichever outputs are read.
             if w == 0 {
                 // SAFETY: `errors` points at this launch's records.
                 unsafe { p.errors.slot(r, raw) };
@@ -504,6 +501,10 @@ pub(crate) unsafe fn read<T: Elem>(p: &ReadParams) {
             return;
         }
     };
+    let out = if which == 0 { &p.k } else { &p.v };
+    if out.output == 0 {
+        return;
+    }
     let cache = if which == 0 { p.cache.k() } else { p.cache.v() };
     let (scale, _) = p.scales.head(which == 1, h as u64);
     let fmt = p.cache.types().0.fp8().unwrap_or(Fp8::E4M3);
