@@ -90,11 +90,11 @@ fn io(width: &str, style: &str, i: &str, o: &str) -> String {
     // element).
     let (w, d) = match o {
         "FP8" => match width {
-            "s" if style == "GptJ" => ("F8Bytes<2>".to_string(), "F8Bytes<1>".to_string()),
-            "s" => ("F8Bytes<1>".to_string(), "F8Bytes<1>".to_string()),
+            "s" if style == "GptJ" => ("F8<2, false>".to_string(), "F8<1, false>".to_string()),
+            "s" => ("F8<1, false>".to_string(), "F8<1, false>".to_string()),
             _ => {
                 let e = if width == "d" { 8 } else { 16 } / size(elem(i));
-                (format!("F8Vec<{e}>"), format!("F8Vec<{e}>"))
+                (format!("F8<{e}, true>"), format!("F8<{e}, true>"))
             }
         },
         _ => {

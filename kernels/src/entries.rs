@@ -20,7 +20,7 @@ use crate::params::{KvParams, ReadParams, RopeParams};
 use crate::bench::{empty, fp8, spin, touch};
 #[cfg(target_arch = "nvptx64")]
 use crate::{
-    gpu::{Bf16, F8Bytes, F8Vec, One, Two, Vec16, Vec8, F16, F32},
+    gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32, F8},
     kv::{claim, kv_append, read},
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,

@@ -481,12 +481,10 @@ impl<T: Elem> Io for Two<T> {
     }
 }
 
-/// FP8 elements, `N` (2, 4 or 8) per access in one instruction, of the format the launch
-/// gives each store. Stores only.
-pub struct F8Vec<const N: usize>;
-/// FP8 elements, `N` (1 or 2) per access, byte by byte (views not aligned for vectors).
-/// Stores only.
-pub struct F8Bytes<const N: usize>;
+/// FP8 elements, of the format the launch gives each store, `N` per access: in one
+/// instruction (`VECTOR`, `N` of 2, 4 or 8) or byte by byte (`N` of 1 or 2: views not aligned
+/// for vectors). Stores only.
+pub struct F8<const N: usize, const VECTOR: bool>;
 
 /// [`Io::put`] for FP8 elements: pairs converted together ([`Fp8::pack2`]), element `i`
 /// in byte `i % 4` of word `i / 4`; an odd count's last element alone.
@@ -503,12 +501,12 @@ fn put_fp8<const N: usize>(out: &mut Bits, pending: &mut f32, i: usize, v: f32, 
     }
 }
 
-impl<const N: usize> Io for F8Vec<N> {
+impl<const N: usize, const VECTOR: bool> Io for F8<N, VECTOR> {
     const NARROW: Option<Narrow> = None;
     const DTYPE: DType = DType::E4M3;
     const FP8: bool = true;
     const E: usize = N;
-    const VECTOR: bool = true;
+    const VECTOR: bool = VECTOR;
     const SIZE: usize = 1;
     unsafe fn load_raw(_: *const u8) -> Bits {
         const { assert!(N == 0, "FP8 accesses only store") };
@@ -524,43 +522,18 @@ impl<const N: usize> Io for F8Vec<N> {
     }
     #[inline(always)]
     unsafe fn store_raw(p: *mut u8, v: Bits) {
-        const { assert!(N == 2 || N == 4 || N == 8, "F8Vec takes 2, 4 or 8 elements") };
+        const { assert!(if VECTOR { N == 2 || N == 4 || N == 8 } else { N == 1 || N == 2 }, "no such FP8 access") };
         // SAFETY: the trait method's contract.
         unsafe {
-            match N {
-                2 => st_b16(p, v[0] as u16),
-                4 => st_b32(p, v[0]),
-                _ => st_v2(p, v),
-            }
-        }
-    }
-}
-
-impl<const N: usize> Io for F8Bytes<N> {
-    const NARROW: Option<Narrow> = None;
-    const DTYPE: DType = DType::E4M3;
-    const FP8: bool = true;
-    const E: usize = N;
-    const VECTOR: bool = false;
-    const SIZE: usize = 1;
-    unsafe fn load_raw(_: *const u8) -> Bits {
-        const { assert!(N == 0, "FP8 accesses only store") };
-        [0; 4]
-    }
-    fn get(_: &Bits, _: usize) -> f32 {
-        const { assert!(N == 0, "FP8 accesses only store") };
-        0.0
-    }
-    #[inline(always)]
-    fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {
-        put_fp8::<N>(out, pending, i, v, fmt)
-    }
-    #[inline(always)]
-    unsafe fn store_raw(p: *mut u8, v: Bits) {
-        // SAFETY: the trait method's contract.
-        unsafe {
-            for i in 0..N {
-                st_b8(p.add(i), v[0] >> (8 * i));
+            match (VECTOR, N) {
+                (true, 2) => st_b16(p, v[0] as u16),
+                (true, 4) => st_b32(p, v[0]),
+                (true, _) => st_v2(p, v),
+                (false, _) => {
+                    for i in 0..N {
+                        st_b8(p.add(i), v[0] >> (8 * i));
+                    }
+                }
             }
         }
     }
