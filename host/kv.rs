@@ -569,10 +569,7 @@ pub(crate) fn plan_kv(
         false => KvWidth::Scalar,
         true if !claim => KvWidth::Decode,
         // The caller's tables come in `_v_t` kernels only, one head per thread like `_p`.
-        // FP8 caches take one head a thread at every size (their kernels have no `_v`).
-        true if (tokens <= KV_PREFILL_MAX_TOKENS || fp8.is_some()) && spec.tables != TableSource::Caller => {
-            KvWidth::Prefill
-        }
+        true if tokens <= KV_PREFILL_MAX_TOKENS && spec.tables != TableSource::Caller => KvWidth::Prefill,
         true => KvWidth::Vector,
     };
     // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
@@ -1224,13 +1221,13 @@ mod tests {
                             let key = KvKey { style, types: KvTypes::uniform(dtype), width, tables: source, mrope };
                             assert!(key.entry_point().is_some(), "{key:?}");
                             // FP8 caches of either format: one entry point for both, at every
-                            // width the plan picks for them (no `_v`).
+                            // width.
                             let [e4, e5] = [DType::E4M3, DType::E5M2].map(|f| {
                                 let types = KvTypes { cache_k: f, cache_v: f, ..KvTypes::uniform(dtype) };
                                 KvKey { types, ..key }.entry_point()
                             });
                             assert_eq!(e4, e5, "{key:?}");
-                            assert_eq!(e4.is_some(), width != KvWidth::Vector, "{key:?}");
+                            assert!(e4.is_some(), "{key:?}");
                         }
                     }
                 }

@@ -28,7 +28,7 @@ const STYLES: [Value; 2] = [v("neox", "RopeStyle::NeoX", "NeoX"), v("gptj", "Rop
 /// (RoPE's q and k outputs, the caches), each as `DType`'s variant.
 const TYPES: [(&str, &str, &str); 3] = [("f32", "F32", "F32"), ("f16", "F16", "F16"), ("bf16", "BF16", "BF16")];
 /// The KV appends' further operand types: FP8 caches (`FP8`: either format, the launch's),
-/// from inputs of each type, at every KV width but `_v`.
+/// from inputs of each type.
 const FP8_TYPES: [(&str, &str, &str); 3] =
     [("f32_fp8", "F32", "FP8"), ("f16_fp8", "F16", "FP8"), ("bf16_fp8", "BF16", "FP8")];
 
@@ -178,11 +178,6 @@ fn kv_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES.into_iter().chain(FP8_TYPES) {
             for (width, rows, source) in variants(&KV_WIDTHS) {
-                // FP8 caches: one head a thread at every size (`_p` past `_d`; several heads a
-                // thread would hold too many registers with the quantizer's).
-                if types.2 == "FP8" && width.ty == "v" {
-                    continue;
-                }
                 kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
             }
             if style.ty == "GptJ" && types.2 != "FP8" {

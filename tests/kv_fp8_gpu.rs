@@ -321,10 +321,14 @@ fn fp8_append_matrix_bf16() {
 fn fp8_append_large_calls() {
     let Some(g) = gpu("fp8_append_large_calls") else { return };
     let seed = test_seed("fp8_append_large_calls");
-    for (i, (batch, seq, cache)) in
-        [(2, 300, CacheKind::PagedNhd(64, 16)), (1, 9000, CacheKind::PagedHnd(300, 32)), (2, 160, CacheKind::Bshd(256))]
-            .into_iter()
-            .enumerate()
+    for (i, (batch, seq, cache)) in [
+        (2, 300, CacheKind::PagedNhd(64, 16)),
+        (1, 9000, CacheKind::PagedHnd(300, 32)),
+        (2, 160, CacheKind::Bshd(256)),
+        (1, 8500, CacheKind::PagedNhd(600, 16)),
+    ]
+    .into_iter()
+    .enumerate()
     {
         for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
             let c = Case {
@@ -337,8 +341,8 @@ fn fp8_append_large_calls() {
                 seq,
                 cache,
                 source: if i == 1 { CosSin::Computed } else { CosSin::Table },
-                per_head: i != 2,
-                q_fp8: i != 0,
+                per_head: i == 0 || i == 1,
+                q_fp8: i == 1 || i == 2,
                 raw: false,
             };
             append_case::<bf16, F8E4M3>(&g, c, seed.wrapping_add(i as u64));

@@ -63,14 +63,14 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // claim; the FP8 caches' read into each element type.
     let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
     let kv = per_width * KV_WIDTHS.len()
-        + fp8_per_width * (KV_WIDTHS.len() - 1)
+        + fp8_per_width * KV_WIDTHS.len()
         + TYPES.len() * CALLER_WIDTHS.len()
         + 1
         + TYPES.len();
     assert_eq!(named("kv_read_").len(), TYPES.len());
     assert_eq!(named("kv_").len(), kv);
-    // FP8 caches: every width but `_v` (one head a thread).
-    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * (KV_WIDTHS.len() - 1));
+    // FP8 caches: every width.
+    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * KV_WIDTHS.len());
     // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(named("").len(), per_width * ROPE_WIDTHS.len() + kv + 4);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
@@ -143,7 +143,7 @@ fn computed_kernels_use_no_fp64() {
         computed.len(),
         STYLES.len()
             * ROWS.len()
-            * (TYPES.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + FP8_TYPES.len() * (KV_WIDTHS.len() - 1)),
+            * (TYPES.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + FP8_TYPES.len() * KV_WIDTHS.len()),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {

@@ -10,6 +10,8 @@
 //! one place an architecture-specific instruction enters the kernels, with the twin the host's
 //! tests check against an independent reference.
 
+use crate::math::{abs, fma};
+
 /// An 8-bit floating-point format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8 {
@@ -118,51 +120,6 @@ impl Fp8 {
         sign * (sig as f32) * pow2(exp - m as i32)
     }
 
-    /// A lower bound on the distance from `q` to the nearest point where this format's
-    /// conversion of it changes: the midpoints between neighbouring values, and zero (whose
-    /// side gives the sign); 0 for non-finite `q` and f32 subnormals, where it does not say.
-    /// Every f32 nearer to `q` than this converts to `q`'s code ([`Fp8::from_f32`]). The
-    /// kernels compare it with the error of a fast result, to know when the fast result's code
-    /// is the exact one's.
-    #[inline(always)]
-    pub fn margin(self, q: f32) -> f32 {
-        // Selects only, no branches: the kernels take it for every value of a lane, in either
-        // format (chosen at launch).
-        let a = q.to_bits() & 0x7FFF_FFFF;
-        let (m, min_normal) = (self.mantissa(), 1 - self.bias());
-        let exp = (a >> 23) as i32 - 127;
-        // The bits of `q`'s significand below the format's last place: `23 - m`, and the
-        // subnormal range's further ones. Past 25, `q` is under a quarter of the smallest
-        // subnormal and zero is the nearest point.
-        let below = if min_normal > exp { (min_normal - exp) as u32 } else { 0 };
-        let shift = 23 - m + below;
-        let sig = (a & 0x7F_FFFF) | 0x80_0000;
-        let s = if shift > 25 { 25 } else { shift };
-        let (rest, half) = (sig & ((1 << s) - 1), 1 << (s - 1));
-        // Distances in units of `q`'s f32 ulp: to the midpoint above `q`'s code or the one
-        // below; at the bottom of a normal binade the step below is half this binade's, so
-        // that midpoint is `rest + half / 2` away (subnormal steps are equal on both sides).
-        let mid = rest.abs_diff(half);
-        let edge = if below == 0 { rest + half / 2 } else { u32::MAX };
-        let units = if shift > 25 {
-            sig
-        } else if mid < edge {
-            mid
-        } else {
-            edge
-        };
-        // `2^(exp - 23)`, exactly (an f32 subnormal below 2^-126).
-        let ulp = f32::from_bits(a & 0x7F80_0000) * pow2(-23);
-        let d = units as f32 * ulp;
-        let q = f32::from_bits(a);
-        let d = if d < q { d } else { q };
-        if (0x0080_0000..0x7F80_0000).contains(&a) {
-            d
-        } else {
-            0.0
-        }
-    }
-
     /// Two values packed as `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` packs them: `hi`'s code in
     /// the upper byte, `lo`'s in the lower. The instruction where the kernel's architecture
     /// has it (sm_89 and later), [`Fp8::from_f32`] elsewhere: the same bits.
@@ -196,6 +153,25 @@ impl Fp8 {
             ((self.from_f32(hi) as u16) << 8) | self.from_f32(lo) as u16
         }
     }
+}
+
+/// 2^-19 per unit of `|x0| + |x1|`: above the error of a fast FP8 quotient (the fast rotation
+/// times the scale's reciprocal), 2^-20.5 (|x0| + |x1|) / scale ([`quotient_bound`]).
+pub const QUOTIENT_SLACK: f32 = 1.0 / 524_288.0;
+
+/// A bound on the distance between the fast quotient of a rotated pair, `rotate_pair_fast(x0,
+/// x1, c, s) * r` (`r` the f32 nearest `1 / scale`), and the correctly rounded quotient of the
+/// correctly rounded rotation: [`QUOTIENT_SLACK`] `(|x0| + |x1|) |r|`, plus 2^-140 |r| for the
+/// f32 subnormals' steps in the rotation, and at least 2^-126 (the quotient's own subnormal
+/// steps). The conversion is monotone, so where `q - bound` and `q + bound` convert to one code,
+/// the exact quotient converts to it too (the kernels' FP8 rotations check that per lane, and
+/// redo a lane that fails it exactly). NaN inputs give 2^-126; a zero times an infinite
+/// reciprocal too.
+#[inline(always)]
+pub fn quotient_bound(x0: f32, x1: f32, r: f32) -> f32 {
+    // 2^-140, an f32 subnormal: 2^9 of their steps.
+    const STEPS: f32 = f32::from_bits(1 << 9);
+    (fma(abs(x0) + abs(x1), QUOTIENT_SLACK, STEPS) * abs(r)).max(f32::MIN_POSITIVE)
 }
 
 /// `code` (the kept bits) rounded to nearest even by the `drop` bits below it, `rest`.

@@ -400,40 +400,33 @@ pub(crate) unsafe fn kv_append<
         // the block's rows were filled before a barrier.
         entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
     }
-    if is_q {
-        if q_fp8 {
-            // q into its FP8 buffer, with its scale; the dims past rotary_dim copied.
-            let dst = (p.q.output as *mut u8).wrapping_add(p.q.out_offset(b, s, h0) as usize * W::SIZE);
-            let rows = Rows { src, dst, src_step, dst_step: p.q.out_strides[2] as usize * W::SIZE, count };
-            // SAFETY: q's output rows are in their buffer, written by this item alone; the
-            // host checked q's scale buffer.
-            unsafe {
-                match rotating {
-                    true => S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant),
-                    false => rows.copy::<C, D>(first_copy, copy_at, quant),
-                }
-            };
-        } else {
-            // q, in place.
-            let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
-            // SAFETY: q's rows are in its buffer, written by this item alone.
-            unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE) };
-        }
+    if is_q && !q_fp8 {
+        // q, in place.
+        let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
+        // SAFETY: q's rows are in its buffer, written by this item alone.
+        unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE) };
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
-    if !shared && !unsafe { p.owners.owns(n, t) } {
+    if !is_q && !shared && !unsafe { p.owners.owns(n, t) } {
         return;
     }
-    let cache = if is_k { p.cache.k() } else { p.cache.v() };
-    let dst = (cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * W::SIZE);
-    let rows = Rows { src, dst, src_step, dst_step: p.cache.head_stride() as usize * W::SIZE, count };
+    // Where the stores of `W` and `D` go: q's FP8 buffer (its dims past rotary_dim copied, as
+    // k's), or slot `n` of a cache. One call site for each kind of store, whichever the rows.
+    let (dst, dst_step) = if is_q {
+        ((p.q.output as *mut u8).wrapping_add(p.q.out_offset(b, s, h0) as usize * W::SIZE), p.q.out_strides[2])
+    } else {
+        let cache = if is_k { p.cache.k() } else { p.cache.v() };
+        ((cache as *mut u8).wrapping_add(p.cache.row(n, h0) as usize * W::SIZE), p.cache.head_stride())
+    };
+    let rows = Rows { src, dst, src_step, dst_step: dst_step as usize * W::SIZE, count };
     if rotating {
-        // SAFETY: slot `n` is in the cache; this token alone writes it; the host checked the
-        // scale buffers of FP8 caches (one f32, or one per kv head).
+        // SAFETY: q's output rows are in their buffer, or slot `n` is in the cache; this item
+        // alone writes them (this token alone writes slot `n`); the host checked the scale
+        // buffers of FP8 outputs (one f32, or one per kv head).
         unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant) };
     } else {
-        // k past rotary_dim, and v: copy (the bits, where the types agree; FP8: divided by
+        // k and q past rotary_dim, and v: copy (the bits, where the types agree; FP8: divided by
         // the scale and converted).
         // SAFETY: as above.
         unsafe { rows.copy::<C, D>(first_copy, copy_at, quant) };

@@ -3,14 +3,14 @@
 //! two pairing styles. The entry points' bodies ([`crate::rope`], [`crate::kv`]) only map
 //! threads to work and call in here.
 
-use crate::fp8::Fp8;
+use crate::fp8::{quotient_bound, Fp8};
 use crate::gpu::{
     block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
     Bits, Elem, Io, Lane,
 };
 use crate::math::{
-    abs, angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair,
-    turns_at, ANGLE_STEPS,
+    angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
+    ANGLE_STEPS,
 };
 use crate::mem::sync_threads;
 use crate::params::{row_stride, SharedLayout};
@@ -751,12 +751,13 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// data.
 ///
 /// FP8 outputs (`W::FP8`) store the code of `y / scale` in format `fmt`, `y` the f32 nearest
-/// the exact rotation: the fast quotient (the fast rotation times the scale's reciprocal)
-/// serves where it lies farther from every point where the code changes ([`Fp8::margin`])
-/// than its error can reach (the fast rotation is within 2^-21.7 (|x0| + |x1|) of that `y`,
-/// and the product within 2 ulps of the quotient: in all under 2^-20.5 (|x0| + |x1|) / scale);
-/// otherwise the lane is redone with [`rotate_pair_rounded`] and the exact quotient
-/// ([`Scale::div`]). So every code is the one of the correctly rounded rotation.
+/// the exact rotation: the fast quotient `q` (the fast rotation times the scale's reciprocal)
+/// lies within `e` ([`quotient_bound`]) of that quotient, and the conversion is monotone, so
+/// where `q - e` and `q + e` convert to one code the exact quotient does too. The lane stores
+/// the lower ends' codes where every value's two ends agree, and is otherwise redone with
+/// [`rotate_pair_rounded`] and the exact quotient ([`Scale::div`]): every code is the one of the
+/// correctly rounded rotation. (Quotients nearer zero than `e` take the exact path, their ends'
+/// signs differing; NaN inputs or scales give NaN either way.)
 ///
 /// # Safety
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
@@ -773,14 +774,15 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
-    let mut redo = false;
+    // FP8: the codes of each value's upper end (`out` takes the lower ends').
+    let (mut upper, mut pending_up) = ([[0u32; 4]; 2], [0.0f32; 2]);
     let mut pending = [0.0f32; 2];
     // SAFETY: the caller's contract: `t` was loaded from `p` for `n` pairs.
     let (c, s) = unsafe { t.lane::<B>(p, n) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
-        let (mut y0, mut y1) = rotate_pair_fast(a, b, c[j], s[j]);
+        let (y0, y1) = rotate_pair_fast(a, b, c[j], s[j]);
         if let Some(narrow) = W::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
             slack = slack.min(sl);
@@ -789,16 +791,26 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             }
         }
         if W::FP8 {
-            (y0, y1) = (y0 * scale.r, y1 * scale.r);
-            let margin = fmt.margin(y0).min(fmt.margin(y1));
-            // False on NaN (a NaN or non-positive scale: the exact path decides).
-            let safe = margin * scale.s > FP8_SLACK * (abs(a) + abs(b));
-            redo |= !safe;
+            let (q0, q1) = (y0 * scale.r, y1 * scale.r);
+            let e = quotient_bound(a, b, scale.r);
+            W::put(&mut out[l0], &mut pending[l0], i0, q0 - e, fmt);
+            W::put(&mut out[l1], &mut pending[l1], i1, q1 - e, fmt);
+            W::put(&mut upper[l0], &mut pending_up[l0], i0, q0 + e, fmt);
+            W::put(&mut upper[l1], &mut pending_up[l1], i1, q1 + e, fmt);
+        } else {
+            W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
+            W::put(&mut out[l1], &mut pending[l1], i1, y1, fmt);
         }
-        W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
-        W::put(&mut out[l1], &mut pending[l1], i1, y1, fmt);
     });
-    if W::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) || (W::FP8 && redo) {
+    // Word by word (an array comparison is a call to `memcmp`).
+    let mut differ = 0;
+    for v in 0..2 {
+        for w in 0..4 {
+            differ |= out[v][w] ^ upper[v][w];
+        }
+    }
+    let redo = W::FP8 && differ != 0;
+    if W::NARROW.is_some_and(|narrow| slack < 0.0 || smallest < narrow.min_normal) || redo {
         let orig = reload();
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
@@ -818,9 +830,6 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     }
 }
 
-/// 2^-19: above the fast quotient's error, 2^-20.5 (|x0| + |x1|) / scale ([`rotate_lane`]).
-const FP8_SLACK: f32 = 1.0 / 524_288.0;
-
 /// A head's scale and its reciprocal, the f32 nearest `1 / s`.
 #[derive(Clone, Copy)]
 pub(crate) struct Scale {
@@ -837,11 +846,17 @@ impl Scale {
         Scale { s, r: 1.0 / s }
     }
 
+    /// Whether the scale and its reciprocal are normal ([`div_by`] then gives the quotient).
+    #[inline(always)]
+    fn normal(self) -> bool {
+        self.s.is_normal() && self.r.is_normal()
+    }
+
     /// `x / s`, the quotient rounded to the nearest f32 ([`div_by`] where the scale and its
     /// reciprocal are normal, the IEEE division otherwise, out of line).
     #[inline(always)]
     pub fn div(self, x: f32) -> f32 {
-        if self.s.is_normal() && self.r.is_normal() {
+        if self.normal() {
             div_by(x, self.s, self.r)
         } else {
             divide(x, self.s)
@@ -957,17 +972,24 @@ impl Rows {
 }
 
 /// Elements loaded by `C` as `D` stores them: the same bits where the types agree, else each
-/// value rounded to `D`'s type (FP8: its quotient by the scale, in format `fmt`).
+/// value rounded to `D`'s type (FP8: its quotient by the scale, in format `fmt`). One test of
+/// the scale per access, not one branch per value: [`div_by`] where the scale and its
+/// reciprocal are normal, else the IEEE division, out of line ([`divide`]).
 #[inline(always)]
 fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale)) -> Bits {
     if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 {
         return raw;
     }
+    let mut xs = [0.0f32; 8];
+    unrolled(C::E, |i| xs[i] = C::get(&raw, i));
+    if D::FP8 {
+        xs = match scale.normal() {
+            true => xs.map(|x| div_by(x, scale.s, scale.r)),
+            false => xs.map(|x| divide(x, scale.s)),
+        };
+    }
     let (mut out, mut pending) = ([0u32; 4], 0.0f32);
-    unrolled(C::E, |i| {
-        let x = C::get(&raw, i);
-        D::put(&mut out, &mut pending, i, if D::FP8 { scale.div(x) } else { x }, fmt)
-    });
+    unrolled(C::E, |i| D::put(&mut out, &mut pending, i, xs[i], fmt));
     out
 }
 
