@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Gpu, TestElem};
+use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, TestElem};
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row, rope_row_streams, splitmix64, uniform_vec};
@@ -91,41 +91,11 @@ fn noise(seed: u64, n: usize) -> Vec<u8> {
 fn append_case<T: TestElem, F: Code>(g: &Gpu, c: Case, seed: u64) -> usize {
     let Case { style, head_dim: d, rotary_dim: rot, q_heads: hq, kv_heads: hk, batch, seq, cache, source, .. } = c;
     let tokens = batch * seq;
-    let mut rng = seed;
-    let mut next = |n: usize| {
-        rng = splitmix64(rng);
-        (rng % n as u64) as usize
-    };
     let (cache_layout, paged) = cache.layout(batch, hk, d);
     let (blocks, block_size) = (cache_layout.shape[0], cache_layout.shape[1]);
-    let num_slots = blocks * block_size;
     // Positions and slots, with duplicates (and padding, paged).
-    let (positions, slots): (Vec<i32>, Option<Vec<i64>>) = if paged {
-        let pos = (0..tokens).map(|_| next(MAX_POS) as i32).collect();
-        let mut slots: Vec<i64> = (0..tokens).map(|_| next(num_slots) as i64).collect();
-        for t in 0..tokens {
-            match next(8) {
-                0 => slots[t] = -1,
-                1 if t > 0 => slots[t] = slots[next(t)],
-                _ => {}
-            }
-        }
-        (pos, Some(slots))
-    } else {
-        let mut pos: Vec<i32> = (0..tokens).map(|_| next(block_size) as i32).collect();
-        for t in 0..tokens {
-            if t % seq > 0 && next(6) == 0 {
-                pos[t] = pos[t - 1 - next(t % seq)]; // a duplicate within the sequence
-            }
-        }
-        (pos, None)
-    };
-    let target = |t: usize| -> Option<usize> {
-        match &slots {
-            Some(s) => (s[t] >= 0).then_some(s[t] as usize),
-            None => Some((t / seq) * block_size + positions[t] as usize),
-        }
-    };
+    let draw = Draw::new(seed, (batch, seq), paged, (blocks, block_size), MAX_POS);
+    let (positions, slots, target) = (&draw.positions, &draw.slots, |t| draw.target(t));
     let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
     let (q_l, k_l) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
     let q_host = conv(uniform_vec(seed, 10, tokens * hq * d));
@@ -145,7 +115,7 @@ fn append_case<T: TestElem, F: Code>(g: &Gpu, c: Case, seed: u64) -> usize {
     let as_codes = |b: &[u8]| b.iter().map(|&b| F::of(b)).collect::<Vec<F>>();
     let (mut kc, mut vc) = (upload_t(&as_codes(&k0)), upload_t(&as_codes(&v0)));
     let (dks, dvs, dqs) = (upload_t(&k_scales), upload_t(&v_scales), upload_t(&q_scale));
-    let dpos = upload_t(&positions);
+    let dpos = upload_t(positions);
     let dslots = slots.as_ref().map(|s| upload_t(s));
     let mut dq = upload_t(&q_host);
     let (dk, dv) = (upload_t(&k_host), upload_t(&v_host));

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, CacheKind, Gpu, Reader, TestElem};
+use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, Reader, TestElem};
 use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
@@ -245,40 +245,11 @@ const BASE: f64 = 10_000.0;
 fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let Case { style, head_dim: d, rotary_dim: rot, q_heads: hq, kv_heads: hk, batch, seq, cache, fused, source } = c;
     let tokens = batch * seq;
-    let mut rng = seed;
-    let mut next = |n: usize| {
-        rng = splitmix64(rng);
-        (rng % n as u64) as usize
-    };
     let (cache_layout, paged) = cache.layout(batch, hk, d);
     let (blocks, block_size) = (cache_layout.shape[0], cache_layout.shape[1]);
-    let num_slots = blocks * block_size;
     // Positions and slots, with duplicates (and padding, paged).
-    let (positions, slots): (Vec<i32>, Option<Vec<i64>>) = if paged {
-        let pos = (0..tokens).map(|_| next(MAX_POS) as i32).collect();
-        let mut slots: Vec<i64> = (0..tokens).map(|_| next(num_slots) as i64).collect();
-        for t in 0..tokens {
-            match next(8) {
-                0 => slots[t] = -1,
-                1 if t > 0 => slots[t] = slots[next(t)],
-                _ => {}
-            }
-        }
-        (pos, Some(slots))
-    } else {
-        let pos: Vec<i32> =
-            (0..tokens).map(|t| if t % seq > 0 && next(6) == 0 { -2 } else { next(block_size) as i32 }).collect();
-        // -2: a duplicate of an earlier token of the same sequence.
-        let pos =
-            pos.iter().enumerate().map(|(t, &p)| if p == -2 { pos[t - 1 - next(t % seq)].max(0) } else { p }).collect();
-        (pos, None)
-    };
-    let target = |t: usize| -> Option<usize> {
-        match &slots {
-            Some(s) => (s[t] >= 0).then_some(s[t] as usize),
-            None => Some((t / seq) * block_size + positions[t] as usize),
-        }
-    };
+    let draw = Draw::new(seed, (batch, seq), paged, (blocks, block_size), MAX_POS);
+    let (positions, slots, target) = (&draw.positions, &draw.slots, |t| draw.target(t));
     // Inputs: separate [B, S, H, D] buffers, or views of one fused QKV buffer with padding.
     let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
     let row_elems = (hq + 2 * hk) * d + 8;
@@ -311,7 +282,7 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let rope = Rope::new(&g.kernels, config).unwrap();
     let mut kc = upload_t(&k_cache0);
     let mut vc = upload_t(&v_cache0);
-    let dpos = upload_t(&positions);
+    let dpos = upload_t(positions);
     let dslots = slots.as_ref().map(|s| upload_t(s));
     let (q_out, k_in, v_in);
     {

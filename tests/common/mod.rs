@@ -276,3 +276,63 @@ impl CacheKind {
         }
     }
 }
+
+/// The tokens of one fused append in the KV tests, drawn from `seed`: each one's position and,
+/// for a paged cache, the slot mapping, with duplicate targets (and, paged, padding slots).
+pub struct Draw {
+    pub positions: Vec<i32>,
+    pub slots: Option<Vec<i64>>,
+    seq: usize,
+    block_size: usize,
+}
+
+impl Draw {
+    /// `batch * seq` tokens into a cache of `blocks` blocks (or sequences) of `block_size`
+    /// rows; paged: positions below `max_pos`, slots anywhere, one in 8 padding (-1) and one in
+    /// 8 an earlier token's; contiguous: rows of the token's sequence, one in 6 an earlier
+    /// token's of the same sequence.
+    pub fn new(
+        seed: u64,
+        (batch, seq): (usize, usize),
+        paged: bool,
+        (blocks, block_size): (usize, usize),
+        max_pos: usize,
+    ) -> Draw {
+        use rope_cuda::reference::splitmix64;
+        let tokens = batch * seq;
+        let mut rng = seed;
+        let mut next = |n: usize| {
+            rng = splitmix64(rng);
+            (rng % n as u64) as usize
+        };
+        let (positions, slots) = if paged {
+            let pos = (0..tokens).map(|_| next(max_pos) as i32).collect();
+            let mut slots: Vec<i64> = (0..tokens).map(|_| next(blocks * block_size) as i64).collect();
+            for t in 0..tokens {
+                match next(8) {
+                    0 => slots[t] = -1,
+                    1 if t > 0 => slots[t] = slots[next(t)],
+                    _ => {}
+                }
+            }
+            (pos, Some(slots))
+        } else {
+            let mut pos: Vec<i32> = (0..tokens).map(|_| next(block_size) as i32).collect();
+            for t in 0..tokens {
+                if t % seq > 0 && next(6) == 0 {
+                    pos[t] = pos[t - 1 - next(t % seq)]; // a duplicate within the sequence
+                }
+            }
+            (pos, None)
+        };
+        Draw { positions, slots, seq, block_size }
+    }
+
+    /// Token `t`'s cache row (slot, or the sequence's row at its position); `None`: padding.
+    pub fn target(&self, t: usize) -> Option<usize> {
+        match &self.slots {
+            Some(s) => (s[t] >= 0).then_some(s[t] as usize),
+            None => Some((t / self.seq) * self.block_size + self.positions[t] as usize),
+        }
+    }
+}
