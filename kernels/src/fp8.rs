@@ -185,7 +185,7 @@ const fn round(code: u32, rest: u32, drop: u32) -> u32 {
     }
 }
 
-/// `2^e` for the exponents of either format's values and their margins (`-23 ..= 13`),
+/// `2^e` for the exponents of either format's values (`-23 ..= 13`),
 /// exactly.
 const fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
