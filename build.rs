@@ -45,6 +45,12 @@ fn main() {
     println!("cargo:rerun-if-changed={}", source.join("src").display());
     println!("cargo:rerun-if-changed={}", source.join("Cargo.toml").display());
     println!("cargo:rerun-if-env-changed=DOCS_RS");
+    // The cudarc API comes with either feature: `cudarc`, or `candle`, whose CUDA tensors hold
+    // cudarc's buffers.
+    println!("cargo:rustc-check-cfg=cfg(rope_cudarc)");
+    if env::var_os("CARGO_FEATURE_CUDARC").is_some() || env::var_os("CARGO_FEATURE_CANDLE").is_some() {
+        println!("cargo:rustc-cfg=rope_cudarc");
+    }
     if env::var_os("DOCS_RS").is_some() {
         write_ptx(&out, &[]);
         return;

@@ -360,6 +360,17 @@ pub enum Error {
         /// The buffer.
         what: &'static str,
     },
+    /// A candle tensor this crate cannot take as it is (feature `candle`): not in a CUDA
+    /// device's storage, of a dtype the call does not take, with a last axis that is not
+    /// contiguous, positions or slots that are not contiguous, caches of two layouts: move it
+    /// to the CUDA device, convert it, or make it contiguous.
+    #[error("{what}: {why}")]
+    Candle {
+        /// Which tensor.
+        what: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A call that cannot go into a CUDA graph was made while capturing or recording one
     /// (`check_errors`, a checked configuration, a KV call of more than
     /// [`KV_SCAN_MAX_TOKENS`](crate::KV_SCAN_MAX_TOKENS) tokens): make it outside the graph.

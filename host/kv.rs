@@ -69,6 +69,13 @@ impl<'a> KvCache<'a> {
         KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false, scales: None }
     }
 
+    /// A cache of the views `k` and `v` (of one layout: the caller checks), paged or
+    /// contiguous.
+    #[cfg(feature = "candle")]
+    pub(crate) fn of_views(k: TensorMut<'a>, v: TensorMut<'a>, paged: bool) -> Self {
+        KvCache { k, v, paged, scales: None }
+    }
+
     /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
     /// `slot / block_size`.
     ///

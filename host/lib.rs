@@ -79,7 +79,9 @@
 #[cfg(feature = "bench-kernels")]
 #[doc(hidden)]
 pub mod bench;
-#[cfg(feature = "cudarc")]
+#[cfg(feature = "candle")]
+pub mod candle;
+#[cfg(rope_cudarc)]
 pub mod cudarc;
 pub mod reference;
 pub mod seed;

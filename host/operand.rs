@@ -82,13 +82,13 @@ pub struct Hold<'a> {
     /// that they queue their work there.
     stream: Option<usize>,
     /// cudarc's record of the access.
-    #[cfg(feature = "cudarc")]
+    #[cfg(rope_cudarc)]
     record: Record<'a>,
     _borrow: PhantomData<&'a ()>,
 }
 
 /// The parts of a cudarc `SyncOnDrop`, kept without its drop.
-#[cfg(feature = "cudarc")]
+#[cfg(rope_cudarc)]
 #[derive(Debug, Clone, Copy)]
 enum Record<'a> {
     /// Nothing to record (cudarc does not track this buffer's accesses).
@@ -104,7 +104,7 @@ impl<'a> Hold<'a> {
     pub const fn none() -> Self {
         Hold {
             stream: None,
-            #[cfg(feature = "cudarc")]
+            #[cfg(rope_cudarc)]
             record: Record::Nothing,
             _borrow: PhantomData,
         }
@@ -112,7 +112,7 @@ impl<'a> Hold<'a> {
 
     /// cudarc's record `sync` of an access for work on `stream`, taken apart: it is made again
     /// after each call that uses the buffer ([`Hold::queued`]).
-    #[cfg(feature = "cudarc")]
+    #[cfg(rope_cudarc)]
     pub(crate) fn record(mut sync: cudarc::driver::SyncOnDrop<'a>, stream: cuda::CUstream) -> Self {
         use cudarc::driver::SyncOnDrop;
         let record = match &mut sync {
@@ -136,7 +136,7 @@ impl<'a> Hold<'a> {
     /// After a call queued its work on the buffer's stream: makes cudarc's record of the access,
     /// so that later work on the buffer (and its free) waits for it.
     pub(crate) fn queued(&self) {
-        #[cfg(feature = "cudarc")]
+        #[cfg(rope_cudarc)]
         {
             use cudarc::driver::SyncOnDrop;
             match self.record {
