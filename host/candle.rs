@@ -183,6 +183,20 @@ struct Lent<'t> {
     layout: Layout,
 }
 
+/// `make(buffer, layout)` of a [`Lent`] tensor, its buffer taken as its dtype's slice.
+macro_rules! by_dtype {
+    ($lent:expr, $stream:expr, $make:path) => {{
+        let (lent, what) = ($lent, $lent.what);
+        let s = lent.cuda()?;
+        Ok(match s.dtype() {
+            CDType::F32 => $make(Shared::whole(slice::<f32>(what, s)?, $stream), lent.layout),
+            CDType::F16 => $make(Shared::whole(slice::<half2::f16>(what, s)?, $stream), lent.layout),
+            CDType::BF16 => $make(Shared::whole(slice::<half2::bf16>(what, s)?, $stream), lent.layout),
+            other => return Err(unsupported(what, other)),
+        })
+    }};
+}
+
 impl<'t> Lent<'t> {
     fn of(what: &'static str, t: &'t candle_core::Tensor, axes: Axes) -> Result<Self> {
         let (storage, l) = t.storage_and_layout();
@@ -211,26 +225,12 @@ impl<'t> Lent<'t> {
 
     /// The tensor, read.
     fn tensor<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<Tensor<'a>> {
-        let s = self.cuda()?;
-        let what = self.what;
-        Ok(match s.dtype() {
-            CDType::F32 => Tensor::new(Shared::whole(slice::<f32>(what, s)?, stream), self.layout),
-            CDType::F16 => Tensor::new(Shared::whole(slice::<half2::f16>(what, s)?, stream), self.layout),
-            CDType::BF16 => Tensor::new(Shared::whole(slice::<half2::bf16>(what, s)?, stream), self.layout),
-            other => return Err(unsupported(what, other)),
-        })
+        by_dtype!(self, stream, Tensor::new)
     }
 
     /// The tensor, written in place.
     fn tensor_mut<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<TensorMut<'a>> {
-        let s = self.cuda()?;
-        let what = self.what;
-        Ok(match s.dtype() {
-            CDType::F32 => TensorMut::new(Shared::whole(slice::<f32>(what, s)?, stream), self.layout),
-            CDType::F16 => TensorMut::new(Shared::whole(slice::<half2::f16>(what, s)?, stream), self.layout),
-            CDType::BF16 => TensorMut::new(Shared::whole(slice::<half2::bf16>(what, s)?, stream), self.layout),
-            other => return Err(unsupported(what, other)),
-        })
+        by_dtype!(self, stream, TensorMut::new)
     }
 }
 

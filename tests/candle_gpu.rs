@@ -6,32 +6,17 @@
 mod common;
 
 use candle_core::{DType as CDType, Device, Tensor as CTensor};
-use common::{assert_rotated, test_seed};
+use common::{assert_rotated, or_skip, random_bf16, test_seed, PagedStep};
 use rope_cuda::candle::{append_kv, apply, error_of, load, Axes, Cache, Ids};
-use rope_cuda::reference::{splitmix64, uniform};
+use rope_cuda::reference::splitmix64;
 use rope_cuda::{DType, Error, Rope, RopeConfig};
 
-/// candle's CUDA device 0 and a bf16 `Rope` of head_dim `d` loaded into it, or `None` after
-/// printing that `test` skipped (a failure with `ROPE_CUDA_REQUIRE_GPU`).
+/// candle's CUDA device 0 and a `Rope` of `config` loaded into it, or `None` after printing
+/// that `test` skipped (a failure with `ROPE_CUDA_REQUIRE_GPU`).
 fn candle_gpu(test: &str, config: RopeConfig) -> Option<(Device, Rope)> {
-    match Device::new_cuda(0) {
-        Ok(device) => {
-            let kernels = load(&device).expect("loading the kernels into candle's context");
-            Some((device, Rope::new(&kernels, config).expect("the Rope")))
-        }
-        Err(e) if std::env::var("ROPE_CUDA_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") => {
-            panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but candle found no CUDA device: {e}")
-        }
-        Err(e) => {
-            eprintln!("{test}: skipped, no CUDA device ({e})");
-            None
-        }
-    }
-}
-
-/// Seeded values in [-1, 1), as bf16 (the reference's half and candle's).
-fn random_bf16(seed: u64, tensor: u64, n: usize) -> Vec<half::bf16> {
-    (0..n as u64).map(|i| half::bf16::from_f32(uniform(seed, tensor, i))).collect()
+    let device = or_skip(test, Device::new_cuda(0))?;
+    let kernels = load(&device).expect("loading the kernels into candle's context");
+    Some((device, Rope::new(&kernels, config).expect("the Rope")))
 }
 
 fn to2(x: &[half::bf16]) -> Vec<half2::bf16> {
@@ -96,21 +81,8 @@ fn fused_paged_append_on_candle_tensors() {
     let Some((device, rope)) = candle_gpu("fused_paged_append_on_candle_tensors", config.clone()) else { return };
     let seed = test_seed("fused_paged_append_on_candle_tensors");
     let (tokens, hq, hk, blocks, bs) = (9, 4, 2, 6, 16);
-    let (q, k, v) = (
-        random_bf16(seed, 2, tokens * hq * d),
-        random_bf16(seed, 3, tokens * hk * d),
-        random_bf16(seed, 4, tokens * hk * d),
-    );
-    let cache_n = blocks * bs * hk * d;
-    let (kc0, vc0) = (random_bf16(seed, 5, cache_n), random_bf16(seed, 6, cache_n));
-    let ids: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % positions as u64) as i32).collect();
-    // Distinct random slots; token 4 is padding.
-    let mut slots: Vec<i64> = (0..(blocks * bs) as i64).collect();
-    for i in (1..slots.len()).rev() {
-        slots.swap(i, (splitmix64(seed.wrapping_add(i as u64)) % (i as u64 + 1)) as usize);
-    }
-    slots.truncate(tokens);
-    slots[4] = -1;
+    let PagedStep { q, k, v, kc0, vc0, ids, slots } =
+        PagedStep::draw(seed, (tokens, hq, hk, d), (blocks, bs), positions);
     let (tq, tk, tv) = (
         upload(&q, &[tokens, hq, d], &device),
         upload(&k, &[tokens, hk, d], &device),

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{assert_rotated, test_seed, TestElem};
+use common::{assert_rotated, or_skip, random_bf16, test_seed, PagedStep, TestElem};
 use cudarc::driver::{CudaContext, CudaStream};
 use rope_cuda::cudarc::load;
 use rope_cuda::reference::{relative_error, rope_row_freqs, splitmix64, uniform};
@@ -21,19 +21,9 @@ use rope_cuda::{
 /// cudarc's context and stream of device 0 with the kernels loaded, or `None` after
 /// printing that `test` skipped (a failure with `ROPE_CUDA_REQUIRE_GPU`).
 fn cudarc_gpu(test: &str) -> Option<(Arc<CudaStream>, Arc<Kernels>)> {
-    match CudaContext::new(0) {
-        Ok(ctx) => {
-            let kernels = load(&ctx).expect("loading the kernels into cudarc's context");
-            Some((ctx.default_stream(), kernels))
-        }
-        Err(e) if std::env::var("ROPE_CUDA_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") => {
-            panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but cudarc found no GPU: {e:?}")
-        }
-        Err(e) => {
-            eprintln!("{test}: skipped, no CUDA device ({e:?})");
-            None
-        }
-    }
+    let ctx = or_skip(test, CudaContext::new(0))?;
+    let kernels = load(&ctx).expect("loading the kernels into cudarc's context");
+    Some((ctx.default_stream(), kernels))
 }
 
 /// cudarc's bf16 (half 2) from the reference's bf16 (half 1.8), bit for bit.
@@ -43,10 +33,6 @@ fn to2(x: &[half::bf16]) -> Vec<half2::bf16> {
 
 fn from2(x: &[half2::bf16]) -> Vec<half::bf16> {
     x.iter().map(|v| half::bf16::from_bits(v.to_bits())).collect()
-}
-
-fn random_bf16(seed: u64, tensor: u64, n: usize) -> Vec<half::bf16> {
-    (0..n as u64).map(|i| half::bf16::from_f32(uniform(seed, tensor, i))).collect()
 }
 
 #[test]
@@ -148,21 +134,7 @@ fn paged_append_on_cudarc_buffers() {
     let (tokens, hq, hk, d, blocks, bs) = (9, 4, 2, 128, 6, 16);
     let config = RopeConfig::new(d, 1024).dtype(DType::BF16);
     let rope = Rope::new(&kernels, config.clone()).unwrap();
-    let (q, k, v) = (
-        random_bf16(seed, 2, tokens * hq * d),
-        random_bf16(seed, 3, tokens * hk * d),
-        random_bf16(seed, 4, tokens * hk * d),
-    );
-    let cache_n = blocks * bs * hk * d;
-    let (kc0, vc0) = (random_bf16(seed, 5, cache_n), random_bf16(seed, 6, cache_n));
-    let ids: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % 1024) as i32).collect();
-    // Distinct random slots; token 4 is padding.
-    let mut slots: Vec<i64> = (0..(blocks * bs) as i64).collect();
-    for i in (1..slots.len()).rev() {
-        slots.swap(i, (splitmix64(seed.wrapping_add(i as u64)) % (i as u64 + 1)) as usize);
-    }
-    slots.truncate(tokens);
-    slots[4] = -1;
+    let PagedStep { q, k, v, kc0, vc0, ids, slots } = PagedStep::draw(seed, (tokens, hq, hk, d), (blocks, bs), 1024);
     let (mut dq, dk, dv) = (
         stream.clone_htod(&to2(&q)).unwrap(),
         stream.clone_htod(&to2(&k)).unwrap(),

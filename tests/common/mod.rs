@@ -24,16 +24,21 @@ fn gpu_required() -> bool {
 /// The GPU, or `None` after printing that `test` skipped. With `ROPE_CUDA_REQUIRE_GPU=1` a
 /// missing GPU fails the test instead.
 pub fn gpu(test: &str) -> Option<Gpu> {
-    match cust::quick_init() {
-        Ok(ctx) => {
-            let kernels = Kernels::load().expect("loading the embedded PTX");
-            let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("creating a stream");
-            Some(Gpu { kernels, stream, _ctx: ctx })
-        }
-        Err(e) if gpu_required() => panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but CUDA found no GPU: {e}"),
+    let ctx = or_skip(test, cust::quick_init())?;
+    let kernels = Kernels::load().expect("loading the embedded PTX");
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("creating a stream");
+    Some(Gpu { kernels, stream, _ctx: ctx })
+}
+
+/// What finding the GPU gave (cust's, cudarc's or candle's context), or `None` after printing
+/// that `test` skipped; with `ROPE_CUDA_REQUIRE_GPU=1` a missing GPU fails the test instead.
+pub fn or_skip<T, E: std::fmt::Debug>(test: &str, found: Result<T, E>) -> Option<T> {
+    match found {
+        Ok(t) => Some(t),
+        Err(e) if gpu_required() => panic!("{test}: ROPE_CUDA_REQUIRE_GPU is set but no GPU was found: {e:?}"),
         Err(e) => {
             // Written past libtest's capture, so the skip is visible in `cargo test` output.
-            let _ = writeln!(std::io::stderr(), "{test}: skipped, no CUDA device ({e})");
+            let _ = writeln!(std::io::stderr(), "{test}: skipped, no CUDA device ({e:?})");
             None
         }
     }
@@ -333,6 +338,60 @@ impl Draw {
         match &self.slots {
             Some(s) => (s[t] >= 0).then_some(s[t] as usize),
             None => Some((t / self.seq) * self.block_size + self.positions[t] as usize),
+        }
+    }
+}
+
+/// `tokens` distinct slots of `slots` drawn from `seed` (a seeded shuffle), with the tokens of
+/// `padding` given `-1` (padding, not written).
+pub fn distinct_slots(seed: u64, slots: usize, tokens: usize, padding: &[usize]) -> Vec<i64> {
+    use rope_cuda::reference::splitmix64;
+    let mut all: Vec<i64> = (0..slots as i64).collect();
+    for i in (1..all.len()).rev() {
+        all.swap(i, (splitmix64(seed.wrapping_add(i as u64)) % (i as u64 + 1)) as usize);
+    }
+    all.truncate(tokens);
+    for &t in padding {
+        all[t] = -1;
+    }
+    all
+}
+
+/// Seeded values in [-1, 1) as bf16 (half 1.8's, the reference's), tensor `tensor` of `seed`.
+pub fn random_bf16(seed: u64, tensor: u64, n: usize) -> Vec<half::bf16> {
+    (0..n as u64).map(|i| half::bf16::from_f32(rope_cuda::reference::uniform(seed, tensor, i))).collect()
+}
+
+/// A paged append's host data (bf16): `tokens` new q (`hq` heads), k and v (`hk` heads) of
+/// `d`, the caches' first contents (`blocks` of `block_size`), positions below `max_pos` and
+/// distinct slots, token 4 padding.
+pub struct PagedStep {
+    pub q: Vec<half::bf16>,
+    pub k: Vec<half::bf16>,
+    pub v: Vec<half::bf16>,
+    pub kc0: Vec<half::bf16>,
+    pub vc0: Vec<half::bf16>,
+    pub ids: Vec<i32>,
+    pub slots: Vec<i64>,
+}
+
+impl PagedStep {
+    pub fn draw(
+        seed: u64,
+        (tokens, hq, hk, d): (usize, usize, usize, usize),
+        (blocks, block_size): (usize, usize),
+        max_pos: usize,
+    ) -> Self {
+        use rope_cuda::reference::splitmix64;
+        let cache_n = blocks * block_size * hk * d;
+        PagedStep {
+            q: random_bf16(seed, 2, tokens * hq * d),
+            k: random_bf16(seed, 3, tokens * hk * d),
+            v: random_bf16(seed, 4, tokens * hk * d),
+            kc0: random_bf16(seed, 5, cache_n),
+            vc0: random_bf16(seed, 6, cache_n),
+            ids: (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % max_pos as u64) as i32).collect(),
+            slots: distinct_slots(seed, blocks * block_size, tokens, &[4]),
         }
     }
 }
