@@ -14,7 +14,11 @@
 //! tensors' read locks while it queues the work, and the work goes on candle's stream, after
 //! everything candle queued before on the tensors and before everything it queues after, as
 //! candle's own kernels do. A tensor that shares its storage with another the call writes is
-//! written through as well (the calls refuse overlapping views, [`Error::Aliasing`]).
+//! written through as well (the calls refuse overlapping views, [`Error::Aliasing`]). Views of
+//! one storage (q and k of a fused QKV tensor) take its read lock once each: candle's public
+//! `storage_and_layout` has no recursive read, so a thread that waits for that storage's write
+//! lock meanwhile (an in-place op of candle's on another thread) would wait for the call, and
+//! the call for it.
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
