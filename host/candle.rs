@@ -149,7 +149,7 @@ pub fn append_kv(
     let (k, v) = (Lent::of("k", k, axes)?, Lent::of("v", v, axes)?);
     let (ck, cv) = (Lent::of("k cache", cache.k, cache.axes)?, Lent::of("v cache", cache.v, cache.axes)?);
     let ids = LentIds::of(positions)?;
-    let slots = slots.map(|s| LentIds::ints("slots", s)).transpose()?;
+    let slots = slots.map(|s| LentInts::of("slots", s)).transpose()?;
     let mut qt = q.as_ref().map(|q| q.tensor_mut(&stream)).transpose()?;
     let (kt, vt) = (k.tensor(&stream)?, v.tensor(&stream)?);
     if ck.layout != cv.layout {
@@ -166,7 +166,7 @@ pub fn append_kv(
         args = args.q(q);
     }
     if let Some(s) = slots.as_ref() {
-        args = args.slots(s.operand::<i64>("slots", &stream)?);
+        args = args.slots(s.operand::<i64>(&stream)?);
     }
     Ok(rope.append_kv(args, &*stream)?)
 }
@@ -238,59 +238,68 @@ impl<'t> Lent<'t> {
     }
 }
 
-/// Positions (or slots) lent to one call: a contiguous integer tensor's storage lock, and where
-/// its elements start.
-struct LentIds<'t> {
-    kind: Option<(bool, StorageRef<'t>, usize, usize)>,
+/// A contiguous integer tensor (positions or slots) lent to one call: its storage's read lock
+/// and where its elements are.
+struct LentInts<'t> {
     what: &'static str,
+    storage: StorageRef<'t>,
+    offset: usize,
+    len: usize,
 }
 
-impl<'t> LentIds<'t> {
-    fn of(ids: Ids<'t>) -> Result<Self> {
-        match ids {
-            Ids::Sequential => Ok(LentIds { kind: None, what: "positions" }),
-            Ids::Ids(t) => Self::ints("positions", t),
-            Ids::Offsets(t) => Ok(LentIds {
-                kind: Self::ints("positions", t)?.kind.map(|(_, s, o, n)| (true, s, o, n)),
-                what: "offsets",
-            }),
-        }
-    }
-
-    fn ints(what: &'static str, t: &'t candle_core::Tensor) -> Result<Self> {
+impl<'t> LentInts<'t> {
+    fn of(what: &'static str, t: &'t candle_core::Tensor) -> Result<Self> {
         let (storage, l) = t.storage_and_layout();
         if !l.is_contiguous() {
             return Err(Error::Candle { what, why: format!("not contiguous (strides {:?})", l.stride()) });
         }
-        Ok(LentIds { kind: Some((false, storage, l.start_offset(), l.shape().elem_count())), what })
+        Ok(LentInts { what, storage, offset: l.start_offset(), len: l.shape().elem_count() })
     }
 
-    fn positions<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<Positions<'a>> {
-        let Some((offsets, storage, ..)) = &self.kind else { return Ok(Positions::sequential()) };
-        let s = match &**storage {
-            Storage::Cuda(s) => s,
-            _ => return Err(Error::Candle { what: self.what, why: "not in CUDA storage".into() }),
-        };
-        Ok(match (s.dtype(), offsets) {
-            (CDType::I32, false) => Positions::ids_i32(self.operand::<i32>(self.what, stream)?),
-            (CDType::I64, false) => Positions::ids_i64(self.operand::<i64>(self.what, stream)?),
-            (CDType::I32, true) => Positions::offsets_i32(self.operand::<i32>(self.what, stream)?),
-            (CDType::I64, true) => Positions::offsets_i64(self.operand::<i64>(self.what, stream)?),
-            (other, _) => return Err(unsupported(self.what, other)),
-        })
+    fn cuda(&self) -> Result<&CudaStorage> {
+        match &*self.storage {
+            Storage::Cuda(s) => Ok(s),
+            _ => Err(Error::Candle { what: self.what, why: "not in CUDA storage".into() }),
+        }
     }
 
     fn operand<'a, T: Scalar + candle_core::cuda_backend::CudaDType>(
         &'a self,
-        what: &'static str,
         stream: &'a Arc<CudaStream>,
     ) -> Result<Shared<'a, T>> {
-        let Some((_, storage, offset, len)) = &self.kind else { unreachable!("sequential positions lend no buffer") };
-        let s = match &**storage {
-            Storage::Cuda(s) => s,
-            _ => return Err(Error::Candle { what, why: "not in CUDA storage".into() }),
+        Ok(Shared { slice: slice::<T>(self.what, self.cuda()?)?, stream, offset: self.offset, len: self.len })
+    }
+}
+
+/// A call's positions, lent: none (sequential), one per token, or one start per sequence.
+enum LentIds<'t> {
+    Sequential,
+    Ids(LentInts<'t>),
+    Offsets(LentInts<'t>),
+}
+
+impl<'t> LentIds<'t> {
+    fn of(ids: Ids<'t>) -> Result<Self> {
+        Ok(match ids {
+            Ids::Sequential => LentIds::Sequential,
+            Ids::Ids(t) => LentIds::Ids(LentInts::of("positions", t)?),
+            Ids::Offsets(t) => LentIds::Offsets(LentInts::of("offsets", t)?),
+        })
+    }
+
+    fn positions<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<Positions<'a>> {
+        let (ints, offsets) = match self {
+            LentIds::Sequential => return Ok(Positions::sequential()),
+            LentIds::Ids(ints) => (ints, false),
+            LentIds::Offsets(ints) => (ints, true),
         };
-        Ok(Shared { slice: slice::<T>(what, s)?, stream, offset: *offset, len: *len })
+        Ok(match (ints.cuda()?.dtype(), offsets) {
+            (CDType::I32, false) => Positions::ids_i32(ints.operand::<i32>(stream)?),
+            (CDType::I64, false) => Positions::ids_i64(ints.operand::<i64>(stream)?),
+            (CDType::I32, true) => Positions::offsets_i32(ints.operand::<i32>(stream)?),
+            (CDType::I64, true) => Positions::offsets_i64(ints.operand::<i64>(stream)?),
+            (other, _) => return Err(unsupported(ints.what, other)),
+        })
     }
 }
 
