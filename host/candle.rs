@@ -20,6 +20,10 @@
 //! lock meanwhile (an in-place op of candle's on another thread) would wait for the call, and
 //! the call for it.
 //!
+//! [`rope`], [`rope_i`] and [`rope_thd`] are drop-ins for `candle_nn::rotary_emb`'s functions of
+//! those names and signatures (the caller's cos and sin tables): a model switches with one
+//! import.
+//!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
 //! use rope_cuda::candle::{apply, load, Axes, Ids};
@@ -36,16 +40,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CudaStorage, DType as CDType, Device, Storage, StorageRef};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType as CDType, Device, Shape, Storage, StorageRef, WithDType};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
-use crate::operand::{Hold, Operand, OperandMut, Scalar};
-use crate::{KvAppend, KvCache, Layout, Positions, Rope, RopeArgs, Tensor, TensorMut};
+use crate::operand::{Element, Hold, Operand, OperandMut, Scalar};
+use crate::{KvAppend, KvCache, Layout, Positions, Rope, RopeArgs, RopeStyle, TableRope, Tensor, TensorMut};
 
 /// Which axes of a candle tensor are its batch, sequence, heads and head_dim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,3 +351,270 @@ unsafe impl<'a, T: Scalar> Operand<'a> for Shared<'a, T> {
 // queued on the same stream, before and after the call's, and the read lock keeps candle's
 // in-place operations (which take the write lock) out while the call queues.
 unsafe impl<'a, T: Scalar> OperandMut<'a> for Shared<'a, T> {}
+
+/// candle_nn's `rope`, on CUDA by this crate's kernels: `xs` `[b, h, t, d]`, rotated in
+/// rotate-half (NeoX) pairs by the tables `cos` and `sin` (`[t', d / 2]`, `t' >= t`, for every
+/// sequence, or `[b, t, d / 2]`, one per sequence; `xs`'s dtype), token `s` by row `s`. Returns
+/// a new contiguous tensor.
+///
+/// Each output element is within 1 ulp of the rotation by the tables' entries (as given),
+/// correctly rounded. `xs` may be any strided view whose last axis is contiguous; the tables
+/// are contiguous. On the CPU, the same rotation in f64, rounded once. The kernels load into
+/// the device's context on its first call (per context, kept for the process).
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// let device = Device::new_cuda(0)?;
+/// let xs = Tensor::randn(0f32, 1.0, (1, 32, 16, 128), &device)?.to_dtype(DType::BF16)?;
+/// let angles = Tensor::arange(0f32, 16.0 * 64.0, &device)?.reshape((16, 64))?;
+/// let (cos, sin) = (angles.cos()?.to_dtype(DType::BF16)?, angles.sin()?.to_dtype(DType::BF16)?);
+/// let rotated = rope_cuda::candle::rope(&xs, &cos, &sin)?; // as candle_nn::rotary_emb::rope
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn rope(
+    xs: &candle_core::Tensor,
+    cos: &candle_core::Tensor,
+    sin: &candle_core::Tensor,
+) -> candle_core::Result<candle_core::Tensor> {
+    xs.apply_op3_no_bwd(cos, sin, &DropIn { style: RopeStyle::NeoX, axes: Axes::Bhsd, name: "rope-cuda-rope" })
+}
+
+/// candle_nn's `rope_i`: as [`rope`], in interleaved (GPT-J) pairs.
+pub fn rope_i(
+    xs: &candle_core::Tensor,
+    cos: &candle_core::Tensor,
+    sin: &candle_core::Tensor,
+) -> candle_core::Result<candle_core::Tensor> {
+    xs.apply_op3_no_bwd(cos, sin, &DropIn { style: RopeStyle::GptJ, axes: Axes::Bhsd, name: "rope-cuda-rope-i" })
+}
+
+/// candle_nn's `rope_thd`: as [`rope`] (rotate-half pairs), `xs` laid out `[b, t, h, d]`.
+pub fn rope_thd(
+    xs: &candle_core::Tensor,
+    cos: &candle_core::Tensor,
+    sin: &candle_core::Tensor,
+) -> candle_core::Result<candle_core::Tensor> {
+    xs.apply_op3_no_bwd(cos, sin, &DropIn { style: RopeStyle::NeoX, axes: Axes::Bshd, name: "rope-cuda-rope-thd" })
+}
+
+/// The drop-ins' op: the style and `xs`'s axes.
+struct DropIn {
+    style: RopeStyle,
+    axes: Axes,
+    name: &'static str,
+}
+
+/// A table's layout as [`TableRope`] takes it, `[batch, rows, 1, half]`, from candle's
+/// `[rows, half]` or `[batch, rows, half]` (its last axis contiguous).
+fn table_layout(what: &'static str, l: &candle_core::Layout) -> Result<Layout> {
+    let (d, st) = (l.dims(), l.stride());
+    let ([b, rows, half], [sb, sr]) = match (d, st) {
+        (&[rows, half], &[sr, _]) => ([1, rows, half], [rows * sr, sr]),
+        (&[b, rows, half], &[sb, sr, _]) => ([b, rows, half], [sb, sr]),
+        _ => return Err(Error::Rank { what, expected: 2, got: d.to_vec() }),
+    };
+    if st[st.len() - 1] != 1 && half > 1 {
+        return Err(Error::Candle { what, why: format!("the last axis has stride {}, not 1", st[st.len() - 1]) });
+    }
+    Ok(Layout::strided([b, rows, 1, half], [sb, sr, half], l.start_offset()))
+}
+
+/// A drop-in's `xs` as this crate's layout.
+fn xs_layout(axes: Axes, l: &candle_core::Layout) -> Result<Layout> {
+    let (dims, st) = (l.dims(), l.stride());
+    if dims.len() != 4 {
+        return Err(Error::Rank { what: "xs", expected: 4, got: dims.to_vec() });
+    }
+    if st[3] != 1 && dims[3] > 1 {
+        return Err(Error::Candle { what: "xs", why: format!("the last axis has stride {}, not 1", st[3]) });
+    }
+    Ok(match axes {
+        Axes::Bhsd => Layout::strided([dims[0], dims[2], dims[1], dims[3]], [st[0], st[2], st[1]], l.start_offset()),
+        _ => Layout::strided([dims[0], dims[1], dims[2], dims[3]], [st[0], st[1], st[2]], l.start_offset()),
+    })
+}
+
+/// The drop-ins' [`TableRope`] of each context (kernels loaded on first use, kept).
+static TABLE_ROPES: Mutex<Vec<(usize, Arc<TableRope>)>> = Mutex::new(Vec::new());
+
+fn table_rope(stream: &Arc<CudaStream>) -> Result<Arc<TableRope>> {
+    let ctx = stream.context();
+    let key = ctx.cu_ctx() as usize;
+    let mut all = TABLE_ROPES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, t)) = all.iter().find(|(k, _)| *k == key) {
+        return Ok(Arc::clone(t));
+    }
+    let kernels = crate::cudarc::load(ctx)?;
+    let t = Arc::new(TableRope::new(&kernels)?);
+    all.push((key, Arc::clone(&t)));
+    Ok(t)
+}
+
+impl DropIn {
+    /// The rotation on candle's CUDA buffers of element type `T`, into a new buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn cuda<T: Scalar + Element + CudaDType + DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        x: &CudaSlice<T>,
+        lx: &candle_core::Layout,
+        cos: &CudaSlice<T>,
+        lc: &candle_core::Layout,
+        sin: &CudaSlice<T>,
+        ls: &candle_core::Layout,
+    ) -> Result<CudaSlice<T>> {
+        let stream = dev.cuda_stream();
+        let rope = table_rope(&stream)?;
+        let (xl, cl, sl) = (xs_layout(self.axes, lx)?, table_layout("cos", lc)?, table_layout("sin", ls)?);
+        let [b, t, h, d] = xl.shape;
+        let out_layout = match self.axes {
+            Axes::Bhsd => Layout::strided([b, t, h, d], [h * t * d, d, t * d], 0),
+            _ => Layout::bshd(b, t, h, d),
+        };
+        let n = b * t * h * d;
+        // SAFETY: every element is written by the rotation below before candle reads it (the
+        // call returns an error, dropping the buffer, where the rotation is not queued).
+        let out = unsafe { dev.alloc::<T>(n) }.map_err(|e| Error::Candle { what: "output", why: e.to_string() })?;
+        let xt = Tensor::new(Shared::whole(x, &stream), xl);
+        let (ct, st) = (Tensor::new(Shared::whole(cos, &stream), cl), Tensor::new(Shared::whole(sin, &stream), sl));
+        {
+            let mut ot = TensorMut::new(Shared::whole(&out, &stream), out_layout);
+            let args = RopeArgs::into(&xt, &mut ot, Positions::sequential());
+            rope.apply(self.style, args, &ct, &st, &*stream)?;
+        }
+        Ok(out)
+    }
+
+    /// The rotation on the CPU, in f64, each output rounded once.
+    fn cpu<T: WithDType>(
+        &self,
+        x: &[T],
+        lx: &candle_core::Layout,
+        cos: &[T],
+        lc: &candle_core::Layout,
+        sin: &[T],
+        ls: &candle_core::Layout,
+    ) -> Result<Vec<T>> {
+        let (xl, cl, sl) = (xs_layout(self.axes, lx)?, table_layout("cos", lc)?, table_layout("sin", ls)?);
+        let [b, t, h, d] = xl.shape;
+        let [tb, rows, _, half] = cl.shape;
+        if sl.shape != cl.shape {
+            return Err(Error::Shape { what: "sin", axis: "rows", expected: rows, got: sl.shape[1] });
+        }
+        if 2 * half != d || t > rows || (tb != 1 && tb != b) {
+            return Err(Error::Candle {
+                what: "cos",
+                why: format!("tables of shape {:?} for xs {:?}", lc.dims(), lx.dims()),
+            });
+        }
+        let mut out = vec![T::zero(); b * t * h * d];
+        for (bi, s, hi) in (0..b).flat_map(|bi| (0..t).flat_map(move |s| (0..h).map(move |hi| (bi, s, hi)))) {
+            let at = xl.offset + bi * xl.strides[0] + s * xl.strides[1] + hi * xl.strides[2];
+            let o = match self.axes {
+                Axes::Bhsd => ((bi * h + hi) * t + s) * d,
+                _ => ((bi * t + s) * h + hi) * d,
+            };
+            let tab = (if tb > 1 { bi } else { 0 }) * cl.strides[0] + s * cl.strides[1];
+            for i in 0..half {
+                let (c, sn) = (cos[cl.offset + tab + i].to_f64(), sin[sl.offset + tab + i].to_f64());
+                let (i1, i2) = match self.style {
+                    RopeStyle::NeoX => (i, i + half),
+                    RopeStyle::GptJ => (2 * i, 2 * i + 1),
+                };
+                let (x1, x2) = (x[at + i1].to_f64(), x[at + i2].to_f64());
+                out[o + i1] = T::from_f64(x1 * c - x2 * sn);
+                out[o + i2] = T::from_f64(x1 * sn + x2 * c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The output's shape: `xs`'s.
+    fn shape(lx: &candle_core::Layout) -> Shape {
+        lx.shape().clone()
+    }
+}
+
+impl CustomOp3 for DropIn {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &CpuStorage,
+        l2: &candle_core::Layout,
+        s3: &CpuStorage,
+        l3: &candle_core::Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        fn run<T: WithDType>(
+            op: &DropIn,
+            [s1, s2, s3]: [&CpuStorage; 3],
+            [l1, l2, l3]: [&candle_core::Layout; 3],
+        ) -> candle_core::Result<CpuStorage> {
+            let out = op.cpu(s1.as_slice::<T>()?, l1, s2.as_slice::<T>()?, l2, s3.as_slice::<T>()?, l3)?;
+            Ok(T::to_cpu_storage_owned(out))
+        }
+        let (s, l) = ([s1, s2, s3], [l1, l2, l3]);
+        for (what, t) in [("cos", s2), ("sin", s3)] {
+            if t.dtype() != s1.dtype() {
+                return Err(Error::Candle { what, why: format!("dtype {:?}, xs {:?}", t.dtype(), s1.dtype()) }.into());
+            }
+        }
+        let out = match s1.dtype() {
+            CDType::F32 => run::<f32>(self, s, l)?,
+            CDType::F64 => run::<f64>(self, s, l)?,
+            CDType::F16 => run::<half2::f16>(self, s, l)?,
+            CDType::BF16 => run::<half2::bf16>(self, s, l)?,
+            other => return Err(unsupported("xs", other).into()),
+        };
+        Ok((out, Self::shape(l1)))
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &CudaStorage,
+        l2: &candle_core::Layout,
+        s3: &CudaStorage,
+        l3: &candle_core::Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let dev = s1.device();
+        for (what, t) in [("cos", s2), ("sin", s3)] {
+            if t.dtype() != s1.dtype() {
+                let e = Error::DType { what, expected: dtype_of(s1.dtype())?, got: dtype_of(t.dtype())? };
+                return Err(e.into());
+            }
+        }
+        let (x, c, s) = (s1, s2, s3);
+        let out = match s1.dtype() {
+            CDType::F32 => CudaStorage::wrap_cuda_slice(
+                self.cuda(dev, slice::<f32>("xs", x)?, l1, slice("cos", c)?, l2, slice("sin", s)?, l3)?,
+                dev.clone(),
+            ),
+            CDType::F16 => CudaStorage::wrap_cuda_slice(
+                self.cuda(dev, slice::<half2::f16>("xs", x)?, l1, slice("cos", c)?, l2, slice("sin", s)?, l3)?,
+                dev.clone(),
+            ),
+            CDType::BF16 => CudaStorage::wrap_cuda_slice(
+                self.cuda(dev, slice::<half2::bf16>("xs", x)?, l1, slice("cos", c)?, l2, slice("sin", s)?, l3)?,
+                dev.clone(),
+            ),
+            other => return Err(unsupported("xs", other).into()),
+        };
+        Ok((out, Self::shape(l1)))
+    }
+}
+
+/// This crate's element type of a candle dtype the kernels take.
+fn dtype_of(d: CDType) -> Result<crate::DType> {
+    Ok(match d {
+        CDType::F32 => crate::DType::F32,
+        CDType::F16 => crate::DType::F16,
+        CDType::BF16 => crate::DType::BF16,
+        other => return Err(unsupported("xs", other)),
+    })
+}

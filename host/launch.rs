@@ -96,6 +96,10 @@ pub(crate) fn positions(
     mrope: bool,
 ) -> Result<PositionsView> {
     let kind = positions.kind;
+    if kind == PositionKind::SequenceRows {
+        let expected = "ids, offsets, sequential or streams (sequence rows are the caller's tables' own)";
+        return Err(Error::PositionKind { expected, got: kind });
+    }
     if kind.is_streams() != mrope {
         let expected = match mrope {
             true => "three position streams per token (StreamsI32 or StreamsI64, [3, batch * seq])",

@@ -81,6 +81,10 @@
 pub mod bench;
 #[cfg(feature = "candle")]
 pub mod candle;
+// The `candle-examples` feature's crates serve `examples/candle.rs` only (Cargo has no optional
+// dev-dependencies); naming them here keeps Cargo's unused-dependency lint quiet.
+#[cfg(feature = "candle-examples")]
+use {candle_nn as _, candle_transformers as _};
 #[cfg(rope_cudarc)]
 pub mod cudarc;
 pub mod reference;
@@ -102,6 +106,7 @@ mod records;
 mod rope;
 mod scaling;
 mod table;
+mod tables;
 mod tensor;
 
 pub use config::{
@@ -124,6 +129,7 @@ pub use rope_cuda_kernels::entries::EntryPoint;
 pub use rope_cuda_kernels::fp8::Fp8;
 pub use scaling::RopeScaling;
 pub use table::{row as table_row, HostTable, RopeTable};
+pub use tables::TableRope;
 pub use tensor::{PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
 
 pub use rope_cuda_kernels::keys::TableSource;
@@ -144,6 +150,7 @@ pub type RotaryModel = seed::RotaryModel;
 const _: () = {
     const fn held<T: Send + Sync + 'static>() {}
     held::<Rope>();
+    held::<TableRope>();
     held::<seed::KvUpdate>();
     held::<seed::RotaryModel>();
     held::<Kernels>();

@@ -316,7 +316,7 @@ impl<'r, 'a> RopeArgs<'r, 'a> {
     }
 
     /// Each buffer's name and hold.
-    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 5] {
+    pub(crate) fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 5] {
         let (q, q_out) = self.q.holds();
         let (k, k_out) = self.k.as_ref().map(Rotated::holds).unzip();
         let positions = Some(&self.positions.hold);

@@ -55,7 +55,9 @@ fn kv_types((_, i, o): (&str, &str, &str)) -> String {
     };
     format!("KvTypes {{ q: DType::{i}, k: DType::{i}, v: DType::{i}, cache_k: {o}, cache_v: {o} }}")
 }
-/// The library's source of cos and sin: its table, or computed (`_c`).
+/// The library's source of cos and sin: its table, or computed (`_c`). The caller's tables
+/// (`_t`) come in the rows that take them: RoPE's (one position row) and the reference
+/// update's ([`CALLER_WIDTHS`]).
 const SOURCES: [Value; 2] = [v("", "TableSource::Table", "LibTable"), v("_c", "TableSource::Computed", "Computed")];
 /// Which table row a pair reads: the token's one position, or MRoPE's three streams (`_m`).
 const ROWS: [Value; 2] = [v("", "false", "OneRow"), v("_m", "true", "StreamRows")];
@@ -121,15 +123,25 @@ fn variants(widths: &'static [Value]) -> impl Iterator<Item = (&'static Value, &
     widths.iter().flat_map(|w| ROWS.iter().flat_map(move |r| SOURCES.iter().map(move |s| (w, r, s))))
 }
 
-fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source): (&Value, &Value, &Value)) {
-    let name = format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.name);
+/// A source as a row takes it: the name's part, the key's value and the body's type.
+type Source<'a> = (&'a str, &'a str, &'a str);
+
+/// The caller's tables in the inputs' type `i` (a `DType` variant), entries read one by one
+/// (no alignment asked of the caller's tables).
+fn caller_source(i: &str) -> (&'static str, &'static str, String) {
+    ("_t", "TableSource::Caller", format!("ElemTable<{}>", elem(i)))
+}
+
+fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source): (&Value, &Value, Source<'_>)) {
+    let (source_name, source_key, source_ty) = source;
+    let name = format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source_name);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
         "v" => format!(
             "{{ heads_per_thread(true, {}, {}, {}) as usize }}",
             style.ty == "NeoX",
             size(elem(types.1)),
-            source.ty == "Computed"
+            source_ty == "Computed"
         ),
         _ => "1".into(),
     };
@@ -140,9 +152,9 @@ fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source)
         rope_types(types),
         width.key,
         rows.key,
-        source.key,
+        source_key,
         style.ty,
-        source.ty,
+        source_ty,
         rows.ty
     )
     .unwrap();
@@ -151,14 +163,19 @@ fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source)
 fn rope_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES {
-            for variant in variants(&ROPE_WIDTHS) {
-                rope_row(out, style, types, variant);
+            for (width, rows, source) in variants(&ROPE_WIDTHS) {
+                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)));
+            }
+            // The caller's tables (candle's drop-ins), one position row.
+            let (name, key, ty) = caller_source(types.1);
+            for width in &ROPE_WIDTHS {
+                rope_row(out, style, types, (width, &ROWS[0], (name, key, &ty)));
             }
         }
     }
 }
 
-fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: (&str, &str, &str)) {
+fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: Source<'_>) {
     let name = format!("kv_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.0);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {

@@ -155,3 +155,160 @@ fn typed_errors_and_nothing_written() {
     assert!(matches!(error_of(&e), Some(Error::Candle { what: "v cache", .. })), "{e}");
     assert_eq!((host(&kc), host(&vc_t)), (kc0, vc0), "a refused append wrote");
 }
+
+/// `v` (exactly representable in `dtype`) as an ordered integer: adjacent values of the type
+/// differ by 1.
+fn ordered(v: f64, dtype: CDType) -> i64 {
+    let (bits, sign) = match dtype {
+        CDType::F32 => ((v as f32).to_bits() as i64, 1i64 << 31),
+        CDType::F16 => (half2::f16::from_f64(v).to_bits() as i64, 1 << 15),
+        _ => (half2::bf16::from_f64(v).to_bits() as i64, 1 << 15),
+    };
+    if bits & sign != 0 {
+        -(bits & (sign - 1))
+    } else {
+        bits
+    }
+}
+
+/// A candle tensor's values as f64, in its logical (row-major) order.
+fn values(t: &CTensor) -> Vec<f64> {
+    t.to_dtype(CDType::F64).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).expect("copy to host")
+}
+
+/// Seeded values in [-1, 1) of `shape` in `dtype` on `device`.
+fn random(seed: u64, tensor: u64, shape: &[usize], dtype: CDType, device: &Device) -> CTensor {
+    let n = shape.iter().product::<usize>() as u64;
+    let v: Vec<f32> = (0..n).map(|i| rope_cuda::reference::uniform(seed, tensor, i)).collect();
+    CTensor::from_vec(v, shape, device).and_then(|t| t.to_dtype(dtype)).expect("upload")
+}
+
+/// The rotation of `x` (`[b, h, t, d]` values, or `[b, t, h, d]` with `thd`) by the tables'
+/// entries in f64; `gptj`: interleaved pairs. Tables `[tb, rows, d / 2]` (`tb` 1: shared).
+#[allow(clippy::too_many_arguments)]
+fn rotated(
+    x: &[f64],
+    [b, h, t, d]: [usize; 4],
+    thd: bool,
+    gptj: bool,
+    cos: &[f64],
+    sin: &[f64],
+    tb: usize,
+    rows: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    let half = d / 2;
+    for (bi, hi, s) in (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..t).map(move |s| (bi, hi, s)))) {
+        let at = if thd { ((bi * t + s) * h + hi) * d } else { ((bi * h + hi) * t + s) * d };
+        let row = ((if tb > 1 { bi } else { 0 }) * rows + s) * half;
+        for i in 0..half {
+            let (i1, i2) = if gptj { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (c, sn, x1, x2) = (cos[row + i], sin[row + i], x[at + i1], x[at + i2]);
+            out[at + i1] = x1 * c - x2 * sn;
+            out[at + i2] = x1 * sn + x2 * c;
+        }
+    }
+    out
+}
+
+/// Every element of `got` within 1 ulp of `want` (f64) rounded to `dtype`; the worst distance.
+fn within_one_ulp(what: &str, got: &[f64], want: &[f64], dtype: CDType) -> i64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ulps = (ordered(g, dtype) - ordered(w, dtype)).abs();
+        assert!(ulps <= 1, "{what}: element {i}: {g} against {w} ({ulps} ulps)");
+        worst = worst.max(ulps);
+    }
+    worst
+}
+
+#[test]
+fn drop_ins_match_the_rotation_by_the_callers_tables() {
+    let Some(device) = or_skip("drop_ins_match_the_rotation_by_the_callers_tables", Device::new_cuda(0)) else {
+        return;
+    };
+    let seed = test_seed("drop_ins_match_the_rotation_by_the_callers_tables");
+    let (b, h, t, d) = (3, 4, 9, 128);
+    let mut case = 0u64;
+    for dtype in [CDType::F32, CDType::F16, CDType::BF16] {
+        for (name, thd, gptj) in [("rope", false, false), ("rope_i", false, true), ("rope_thd", true, false)] {
+            // Tables shared by every sequence (more rows than tokens) and one per sequence.
+            for (tb, rows) in [(1, t + 5), (b, t)] {
+                case += 1;
+                let what = format!("{name} {dtype:?} tables [{tb}, {rows}]");
+                let shape = if thd { [b, t, h, d] } else { [b, h, t, d] };
+                let xs = random(seed, 3 * case, &shape, dtype, &device);
+                let table_shape: Vec<usize> = if tb > 1 { vec![tb, rows, d / 2] } else { vec![rows, d / 2] };
+                let angles = random(seed, 3 * case + 1, &table_shape, CDType::F32, &device).affine(4.0, 0.0).unwrap();
+                let (cos, sin) =
+                    (angles.cos().unwrap().to_dtype(dtype).unwrap(), angles.sin().unwrap().to_dtype(dtype).unwrap());
+                let x0 = values(&xs);
+                let f = match name {
+                    "rope" => rope_cuda::candle::rope,
+                    "rope_i" => rope_cuda::candle::rope_i,
+                    _ => rope_cuda::candle::rope_thd,
+                };
+                let got = f(&xs, &cos, &sin).unwrap();
+                assert_eq!(got.dims(), xs.dims(), "{what}");
+                assert!(got.is_contiguous(), "{what}");
+                let want = rotated(&x0, [b, h, t, d], thd, gptj, &values(&cos), &values(&sin), tb, rows);
+                within_one_ulp(&what, &values(&got), &want, dtype);
+                assert_eq!(values(&xs), x0, "{what}: xs changed");
+                // The CPU path: the same rotation, rounded once.
+                let on_cpu = |t: &CTensor| t.to_device(&Device::Cpu).unwrap();
+                let cpu = f(&on_cpu(&xs), &on_cpu(&cos), &on_cpu(&sin)).unwrap();
+                assert_eq!(within_one_ulp(&format!("{what} (cpu)"), &values(&cpu), &want, dtype), 0);
+            }
+        }
+    }
+    // A strided xs (candle's own rope takes only contiguous ones): [b, h, t, d] as a transposed
+    // view of [b, t, h, d].
+    let base = random(seed, 1000, &[b, t, h, d], CDType::BF16, &device);
+    let xs = base.transpose(1, 2).unwrap();
+    assert!(!xs.is_contiguous());
+    let angles = random(seed, 1001, &[t, d / 2], CDType::F32, &device).affine(4.0, 0.0).unwrap();
+    let (cos, sin) =
+        (angles.cos().unwrap().to_dtype(CDType::BF16).unwrap(), angles.sin().unwrap().to_dtype(CDType::BF16).unwrap());
+    let got = rope_cuda::candle::rope(&xs, &cos, &sin).unwrap();
+    let want = rotated(&values(&xs), [b, h, t, d], false, false, &values(&cos), &values(&sin), 1, t);
+    within_one_ulp("rope on a strided view", &values(&got), &want, CDType::BF16);
+}
+
+#[test]
+fn drop_ins_refuse_tables_that_do_not_fit() {
+    let Some(device) = or_skip("drop_ins_refuse_tables_that_do_not_fit", Device::new_cuda(0)) else { return };
+    let seed = test_seed("drop_ins_refuse_tables_that_do_not_fit");
+    let (b, h, t, d) = (2, 3, 6, 64);
+    let xs = random(seed, 0, &[b, h, t, d], CDType::BF16, &device);
+    let x0 = values(&xs);
+    let table = |rows: usize, half: usize, dtype: CDType| random(seed, 1, &[rows, half], dtype, &device);
+    let ok = table(t, d / 2, CDType::BF16);
+    let cases = [
+        ("fewer rows than tokens", table(t - 1, d / 2, CDType::BF16), ok.clone()),
+        ("wider than head_dim", table(t, d / 2 + 8, CDType::BF16), table(t, d / 2 + 8, CDType::BF16)),
+        ("dtype", table(t, d / 2, CDType::F32), ok.clone()),
+        (
+            "batch",
+            random(seed, 2, &[b + 1, t, d / 2], CDType::BF16, &device),
+            random(seed, 3, &[b + 1, t, d / 2], CDType::BF16, &device),
+        ),
+        ("rank", random(seed, 4, &[1, 1, t, d / 2], CDType::BF16, &device), ok.clone()),
+    ];
+    for (what, cos, sin) in cases {
+        let e = rope_cuda::candle::rope(&xs, &cos, &sin).expect_err(what);
+        let ours = error_of(&e);
+        let fits = match what {
+            "fewer rows than tokens" => matches!(ours, Some(Error::MaxPosition { needed: 6, max_position: 5 })),
+            "wider than head_dim" => matches!(ours, Some(Error::RotaryDim { rotary_dim: 80, head_dim: 64 })),
+            "dtype" => matches!(ours, Some(Error::DType { what: "cos", .. })),
+            "batch" => matches!(ours, Some(Error::Shape { what: "cos", axis: "batch", .. })),
+            _ => matches!(ours, Some(Error::Rank { what: "cos", .. })),
+        };
+        assert!(fits, "{what}: {e}");
+    }
+    let f64s = xs.to_dtype(CDType::F64).unwrap();
+    let e = rope_cuda::candle::rope(&f64s, &ok.to_dtype(CDType::F64).unwrap(), &ok.to_dtype(CDType::F64).unwrap());
+    assert!(matches!(e.as_ref().map_err(error_of), Err(Some(Error::Candle { .. }))), "{e:?}");
+    assert_eq!(values(&xs), x0, "xs changed");
+}

@@ -56,8 +56,12 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
     // The counts are the products of the axes the list is generated from.
     let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
-    assert_eq!(vector.len(), per_width * (ROPE_WIDTHS.len() - 1));
-    assert_eq!(named("rope_").len(), per_width * ROPE_WIDTHS.len());
+    // RoPE by the caller's tables (`_t`): each style and type, one row kind, every width.
+    let caller = STYLES.len() * TYPES.len();
+    let rope = (per_width + caller) * ROPE_WIDTHS.len();
+    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1));
+    assert_eq!(named("rope_").len(), rope);
+    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source, into caches of the inputs' type and into
     // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
     // claim; the FP8 caches' read into each element type.
@@ -72,7 +76,7 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // FP8 caches: every width.
     assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * KV_WIDTHS.len());
     // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
-    assert_eq!(named("").len(), per_width * ROPE_WIDTHS.len() + kv + 4);
+    assert_eq!(named("").len(), rope + kv + 4);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
@@ -120,7 +124,13 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
             // Tables come through the read-only path, 16 bytes at a time (a lane holds at least
             // 4 pairs: GPT-J lanes are two vectors) except MRoPE, whose pairs may read rows of
             // different positions (then one entry at a time).
-            let table = if name.ends_with("_m") { "ld.global.nc.f32" } else { "ld.global.nc.v4.f32" };
+            // The caller's tables (`_t`, in q's element type) are read an element at a time.
+            let table = match (name.ends_with("_m"), name.ends_with("_t"), name.contains("_f32_")) {
+                (true, ..) => "ld.global.nc.f32",
+                (_, true, true) => "ld.global.nc.b32",
+                (_, true, false) => "ld.global.nc.b16",
+                _ => "ld.global.nc.v4.f32",
+            };
             assert!(b.contains(table), "{name}: table loads are not {table}");
         }
     }

@@ -80,8 +80,9 @@ fn model(config: &RopeConfig, a: &RawArgs) -> bool {
         PositionKind::IdsI64 => a.positions.len == tokens && a.positions.ptr % 8 == 0,
         PositionKind::OffsetsI32 => a.positions.len == qs[0] && a.positions.ptr % 4 == 0,
         PositionKind::OffsetsI64 => a.positions.len == qs[0] && a.positions.ptr % 8 == 0,
-        // Three streams are for MRoPE configurations only.
-        PositionKind::StreamsI32 | PositionKind::StreamsI64 => false,
+        // Three streams are for MRoPE configurations only; sequence rows for the caller's
+        // tables (`TableRope`) only.
+        PositionKind::StreamsI32 | PositionKind::StreamsI64 | PositionKind::SequenceRows => false,
     }
 }
 
@@ -124,6 +125,7 @@ fn positions(batch: usize, seq: usize) -> impl Strategy<Value = (PositionKind, u
         Just((PositionKind::OffsetsI64, batch, 0)),
         (0usize..8, Just(0u64)).prop_map(|(n, a)| (PositionKind::IdsI32, n, a)),
         Just((PositionKind::IdsI64, batch * seq, 4)),
+        Just((PositionKind::SequenceRows, 0, 0)),
     ]
 }
 

@@ -367,13 +367,17 @@ pub enum PositionKind {
     StreamsI32 = 5,
     /// MRoPE: three i64 positions per token, as [`PositionKind::StreamsI32`].
     StreamsI64 = 6,
+    /// Token `s` of sequence `b` at position `b * stride + s`, the view's stride (no buffer):
+    /// a caller's tables with a block of rows per sequence (candle's `[b, t, d / 2]` cos and
+    /// sin). Made by [`PositionsView::sequence_rows`] only.
+    SequenceRows = 7,
 }
 
 impl PositionKind {
     /// Elements the buffer holds for `batch` sequences of `seq` tokens (`None`: no buffer).
     pub fn buffer_len(self, batch: usize, seq: usize) -> Option<usize> {
         match self {
-            PositionKind::Sequential => None,
+            PositionKind::Sequential | PositionKind::SequenceRows => None,
             PositionKind::IdsI32 | PositionKind::IdsI64 => Some(batch.saturating_mul(seq)),
             PositionKind::OffsetsI32 | PositionKind::OffsetsI64 => Some(batch),
             PositionKind::StreamsI32 | PositionKind::StreamsI64 => Some(batch.saturating_mul(seq).saturating_mul(3)),
@@ -384,7 +388,10 @@ impl PositionKind {
     /// token index alone (offsets, sequential).
     #[inline(always)]
     pub fn by_sequence(self) -> bool {
-        matches!(self, PositionKind::OffsetsI32 | PositionKind::OffsetsI64 | PositionKind::Sequential)
+        matches!(
+            self,
+            PositionKind::OffsetsI32 | PositionKind::OffsetsI64 | PositionKind::Sequential | PositionKind::SequenceRows
+        )
     }
 
     /// Whether the kind holds three position streams per token (MRoPE).
@@ -395,7 +402,7 @@ impl PositionKind {
     /// Bytes per element of the buffer (and its alignment); 0 without one.
     pub fn elem_size(self) -> usize {
         match self {
-            PositionKind::Sequential => 0,
+            PositionKind::Sequential | PositionKind::SequenceRows => 0,
             PositionKind::IdsI32 | PositionKind::OffsetsI32 | PositionKind::StreamsI32 => 4,
             PositionKind::IdsI64 | PositionKind::OffsetsI64 | PositionKind::StreamsI64 => 8,
         }
@@ -421,7 +428,7 @@ impl PositionsView {
     /// valid in `0..limit`.
     pub const fn new(kind: PositionKind, ptr: u64, limit: u32) -> Self {
         let ptr = match kind {
-            PositionKind::Sequential => 0,
+            PositionKind::Sequential | PositionKind::SequenceRows => 0,
             _ => ptr,
         };
         PositionsView { ptr, kind, limit, stride: 0, _pad: 0 }
@@ -432,6 +439,12 @@ impl PositionsView {
     pub const fn streams(wide: bool, ptr: u64, limit: u32, stride: u32) -> Self {
         let kind = if wide { PositionKind::StreamsI64 } else { PositionKind::StreamsI32 };
         PositionsView { ptr, kind, limit, stride, _pad: 0 }
+    }
+
+    /// Token `s` of sequence `b` at position `b * stride + s`, valid in `0..limit`: a
+    /// [`PositionKind::SequenceRows`] view.
+    pub const fn sequence_rows(stride: u32, limit: u32) -> Self {
+        PositionsView { ptr: 0, kind: PositionKind::SequenceRows, limit, stride, _pad: 0 }
     }
 
     /// How the positions are read.
@@ -483,6 +496,7 @@ impl PositionsView {
                 PositionKind::OffsetsI32 => load_i32(i32s.add(b as usize)) as i64 + s as i64,
                 PositionKind::OffsetsI64 => load_i64(i64s.add(b as usize)).wrapping_add(s as i64),
                 PositionKind::Sequential => s as i64,
+                PositionKind::SequenceRows => b as i64 * self.stride as i64 + s as i64,
             }
         }
     }
@@ -990,6 +1004,12 @@ mod tests {
         }
         // SAFETY: as above; index 1 of sequence 1 (offsets add the index).
         assert_eq!(unsafe { PositionsView::new(PositionKind::OffsetsI32, a32, 8).load(3, 1, 1) }, 0);
+        // Sequence rows: sequence 3's block of 5 rows, index 2; no buffer read.
+        let rows = PositionsView::sequence_rows(5, 40);
+        assert_eq!((rows.kind(), rows.address(), rows.limit()), (PositionKind::SequenceRows, 0, 40));
+        // SAFETY: the kind reads no buffer.
+        assert_eq!(unsafe { rows.load(17, 3, 2) }, 17);
+        assert_eq!(PositionKind::SequenceRows.buffer_len(3, 5), None);
         let v = PositionsView::new(PositionKind::IdsI32, a32, 8);
         assert_eq!(
             (v.check(-1), v.check(0), v.check(7), v.check(8), v.check(1 << 40)),
