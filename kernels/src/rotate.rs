@@ -5,8 +5,8 @@
 
 use crate::fp8::{quotient_bound, Fp8};
 use crate::gpu::{
-    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
-    Bits, Elem, Io, Lane,
+    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words2_nc, load_words_nc,
+    shared_addr, thread_idx, Bits, Elem, Io, Lane,
 };
 use crate::math::{
     angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
@@ -126,6 +126,11 @@ pub(crate) trait Source {
     /// Whether the kernel computes the block's cos and sin into shared memory first (its
     /// prologue, [`BlockRows`]) and reads them from there ([`Table::row`]).
     const BLOCK_ROWS: bool = <Self::Prologue as Prologue>::BARRIERS;
+    /// Whether f32 outputs are rounded once from the exact rotation by the entries
+    /// ([`rotate_pair_rounded`]) rather than by the fast FMAs: the drop-ins' promise of 1 ulp
+    /// from the rotation by the caller's tables, which the fast path breaks where the two
+    /// products cancel.
+    const ROUNDED_F32: bool = false;
     /// The cos and sin (the attention factor in, the direction's sign not) of pairs
     /// `i..i + n` of a token whose rows are `rows`: the fast values.
     ///
@@ -367,16 +372,46 @@ impl Source for LibTable {
 
 impl<T: Elem> Source for ElemTable<T> {
     type Prologue = NoPrologue;
+    const ROUNDED_F32: bool = true;
     #[inline(always)]
     unsafe fn load<P: PairRows>(p: Table<'_>, rows: P, i: usize, n: usize) -> (Lane, Lane) {
         // SAFETY: the trait method's contract (the launch's source is the caller's tables).
         let cos_sin = unsafe { p.src.caller_unchecked() }.addresses();
         let load = |base: u64, at: usize, n: usize| {
             let mut v = [0.0f32; 8];
+            let first = (base as *const u8).wrapping_add(at * T::SIZE);
+            let bytes = n * T::SIZE;
+            // The caller's tables need no alignment: entries that happen to lie in aligned
+            // 8- or 16-byte words load as such (a row of 8 or more bytes, in a table whose rows
+            // start so aligned: candle's are), the others one at a time.
+            let mut words = [0u32; 8];
+            let aligned = match bytes {
+                8 if first as usize % 8 == 0 => {
+                    // SAFETY: the trait method's contract: entries `at..at + n` exist.
+                    [words[0], words[1]] = unsafe { load_words2_nc(first as *const u32) };
+                    true
+                }
+                16 | 32 if first as usize % 16 == 0 => {
+                    for h in 0..bytes / 16 {
+                        let p = first.wrapping_add(16 * h) as *const u32;
+                        // SAFETY: as above.
+                        let w = unsafe { load_words_nc(p) };
+                        words[4 * h..4 * h + 4].copy_from_slice(&w);
+                    }
+                    true
+                }
+                _ => false,
+            };
             unrolled(n, |j| {
-                let p = (base as *const u8).wrapping_add((at + j) * T::SIZE);
-                // SAFETY: the trait method's contract: entry `at + j` exists.
-                v[j] = T::widen(unsafe { load_elem_nc::<T>(p) })
+                v[j] = match (aligned, T::SIZE) {
+                    (true, 4) => T::widen(words[j]),
+                    (true, _) => T::widen((words[j / 2] >> (16 * (j % 2))) & 0xffff),
+                    (false, _) => {
+                        let p = first.wrapping_add(j * T::SIZE);
+                        // SAFETY: the trait method's contract: entry `at + j` exists.
+                        T::widen(unsafe { load_elem_nc::<T>(p) })
+                    }
+                }
             });
             v
         };
@@ -782,7 +817,10 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
-        let (y0, y1) = rotate_pair_fast(a, b, c[j], s[j]);
+        let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
+            true => rotate_pair_rounded(a, b, (c[j], 0.0), (s[j], 0.0)),
+            false => rotate_pair_fast(a, b, c[j], s[j]),
+        };
         if let Some(narrow) = W::NARROW {
             let (sl, sm) = narrow.slack((y0, y1), a, b);
             slack = slack.min(sl);
