@@ -148,6 +148,14 @@ fn decode_kernels(device: &Device) -> R<()> {
             }
         }
     }
+    // The drop-in on a q whose rows start 2 bytes past a 16-byte boundary: the element-wise
+    // kernel (`_s_t`) where the aligned one is `_p_t`.
+    let shape = [b, hq, 1, d];
+    let n = shape.iter().product::<usize>();
+    let q = random(1, 1, &[n + 1], 1.0, DType::BF16, device)?.narrow(0, 1, n)?.reshape(&shape[..])?;
+    for _ in 0..3 {
+        let _rotated = rope_cuda::candle::rope(&q, &cos, &sin)?;
+    }
     stream(device)?.synchronize()?;
     println!("decode-kernels: done");
     Ok(())
