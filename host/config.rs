@@ -285,6 +285,14 @@ impl RopeConfig {
 
     /// Checks every field.
     pub fn validate(&self) -> Result<()> {
+        self.validate_dims()?;
+        self.frequencies().map(drop)
+    }
+
+    /// [`RopeConfig::validate`] but for the frequencies (their scaling's parameters): what a
+    /// launch by the caller's tables, which never reads them, checks on every call (the
+    /// frequencies cost a `powf` a pair).
+    pub(crate) fn validate_dims(&self) -> Result<()> {
         if self.head_dim < 2 || self.head_dim % 2 != 0 || self.head_dim > Self::MAX_HEAD_DIM {
             return Err(Error::HeadDim { head_dim: self.head_dim });
         }
@@ -311,6 +319,6 @@ impl RopeConfig {
             // FP8 is a cache's type (`KvCache` with scales), never the inputs'.
             return Err(Error::DType { what: "configuration (q, k and v)", expected: DType::BF16, got: self.dtype });
         }
-        self.frequencies().map(drop)
+        Ok(())
     }
 }

@@ -161,8 +161,9 @@ pub(crate) fn plan_tables(
         };
     }
     let config = RopeConfig::new(head_dim, tb * rows).style(style).dtype(args.q.dtype).rotary_dim(2 * half);
-    // The rotary dims past the tables' pairs must be head dims (a typed error, not a panic).
-    config.validate()?;
+    // The rotary dims past the tables' pairs must be head dims (a typed error, not a panic);
+    // the frequencies, unused, are not computed.
+    config.validate_dims()?;
     if per_sequence {
         if args.positions.kind != PositionKind::Sequential {
             let expected = "sequential positions: tables of one block of rows per sequence are read in order";
