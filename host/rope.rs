@@ -196,14 +196,7 @@ impl Rope {
         let Some(plan) = plan(&self.config, args, self.table.view(), self.core.records.sink())? else {
             return Ok(());
         };
-        let buffers = [
-            ("q", args.q.ptr),
-            ("q_out", args.q_out.map_or(0, |t| t.ptr)),
-            ("k", args.k.map_or(0, |t| t.ptr)),
-            ("k_out", args.k_out.map_or(0, |t| t.ptr)),
-            ("positions", plan.params.positions.address()),
-        ];
-        self.core.prepare(&buffers, self.config.checked)?;
+        self.core.prepare(&buffers(args, plan.params.positions.address()), self.config.checked)?;
         let checked = self.config.checked.then_some(self.config.max_position);
         // SAFETY: `plan` checked every view against its buffer, outputs against overlap,
         // alignment for the chosen width, and the positions buffer's length; the table and
@@ -360,6 +353,18 @@ pub(crate) struct Plan {
     pub geometry: Geometry,
     /// Dynamic shared memory: the block's cos and sin ([`RopeParams::shared`]).
     pub shared: u32,
+}
+
+/// The buffers a RoPE launch on `args` touches, named, with the positions' at `positions`
+/// (0: none), for [`crate::launch::Core::prepare`].
+pub(crate) fn buffers(args: &RawArgs, positions: u64) -> [(&'static str, u64); 5] {
+    [
+        ("q", args.q.ptr),
+        ("q_out", args.q_out.map_or(0, |t| t.ptr)),
+        ("k", args.k.map_or(0, |t| t.ptr)),
+        ("k_out", args.k_out.map_or(0, |t| t.ptr)),
+        ("positions", positions),
+    ]
 }
 
 /// One of q and k: input, output (the input again in place) and names for errors.

@@ -96,16 +96,8 @@ impl TableRope {
         stream: cuda::CUstream,
     ) -> Result<()> {
         let Some((plan, rows)) = plan_tables(style, args, cos, sin, self.core.records.sink())? else { return Ok(()) };
-        let buffers = [
-            ("q", args.q.ptr),
-            ("q_out", args.q_out.map_or(0, |t| t.ptr)),
-            ("k", args.k.map_or(0, |t| t.ptr)),
-            ("k_out", args.k_out.map_or(0, |t| t.ptr)),
-            ("positions", plan.params.positions.address()),
-            ("cos", cos.ptr),
-            ("sin", sin.ptr),
-        ];
-        self.core.prepare(&buffers, false)?;
+        self.core.prepare(&crate::rope::buffers(args, plan.params.positions.address()), false)?;
+        self.core.prepare(&[("cos", cos.ptr), ("sin", sin.ptr)], false)?;
         self.rows.store(rows, Relaxed);
         // SAFETY: `plan_tables` checked every view against its buffer, outputs against
         // overlap with each other, their inputs and the tables, the tables' shape against
