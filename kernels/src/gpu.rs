@@ -557,24 +557,6 @@ pub unsafe fn load_words_nc(p: *const u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// Loads 8 read-only bytes as two words.
-///
-/// # Safety
-/// `p` is a global address of 8 bytes, 8-byte aligned, not written during the kernel.
-#[inline(always)]
-pub unsafe fn load_words2_nc(p: *const u32) -> [u32; 2] {
-    let (a, b): (u32, u32);
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!(
-            "ld.global.nc.v2.b32 {{{}, {}}}, [{}];",
-            out(reg32) a, out(reg32) b, in(reg64) p,
-            options(readonly, nostack, preserves_flags),
-        )
-    };
-    [a, b]
-}
-
 /// Loads `n` (1, 2, 4 or 8) consecutive f32 of a read-only table at `p`, through the
 /// non-coherent (read-only) cache, with accesses as wide as `n` allows.
 ///

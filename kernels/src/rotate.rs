@@ -5,8 +5,8 @@
 
 use crate::fp8::{quotient_bound, Fp8};
 use crate::gpu::{
-    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words2_nc, load_words_nc,
-    shared_addr, thread_idx, Bits, Elem, Io, Lane,
+    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
+    Bits, Elem, Io, Lane,
 };
 use crate::math::{
     angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
@@ -379,39 +379,10 @@ impl<T: Elem> Source for ElemTable<T> {
         let cos_sin = unsafe { p.src.caller_unchecked() }.addresses();
         let load = |base: u64, at: usize, n: usize| {
             let mut v = [0.0f32; 8];
-            let first = (base as *const u8).wrapping_add(at * T::SIZE);
-            let bytes = n * T::SIZE;
-            // The caller's tables need no alignment: entries that happen to lie in aligned
-            // 8- or 16-byte words load as such (a row of 8 or more bytes, in a table whose rows
-            // start so aligned: candle's are), the others one at a time.
-            let mut words = [0u32; 8];
-            let aligned = match bytes {
-                8 if first as usize % 8 == 0 => {
-                    // SAFETY: the trait method's contract: entries `at..at + n` exist.
-                    [words[0], words[1]] = unsafe { load_words2_nc(first as *const u32) };
-                    true
-                }
-                16 | 32 if first as usize % 16 == 0 => {
-                    for h in 0..bytes / 16 {
-                        let p = first.wrapping_add(16 * h) as *const u32;
-                        // SAFETY: as above.
-                        let w = unsafe { load_words_nc(p) };
-                        words[4 * h..4 * h + 4].copy_from_slice(&w);
-                    }
-                    true
-                }
-                _ => false,
-            };
             unrolled(n, |j| {
-                v[j] = match (aligned, T::SIZE) {
-                    (true, 4) => T::widen(words[j]),
-                    (true, _) => T::widen((words[j / 2] >> (16 * (j % 2))) & 0xffff),
-                    (false, _) => {
-                        let p = first.wrapping_add(j * T::SIZE);
-                        // SAFETY: the trait method's contract: entry `at + j` exists.
-                        T::widen(unsafe { load_elem_nc::<T>(p) })
-                    }
-                }
+                let p = (base as *const u8).wrapping_add((at + j) * T::SIZE);
+                // SAFETY: the trait method's contract: entry `at + j` exists.
+                v[j] = T::widen(unsafe { load_elem_nc::<T>(p) })
             });
             v
         };
