@@ -73,10 +73,110 @@ fn main() {
     check_toolchain(&toolchain);
 
     let kernels = out.join("kernels-src");
-    copy_crate(&source, &kernels);
-    let built: Vec<(String, String)> =
-        archs.iter().map(|arch| (arch.clone(), build_ptx(&kernels, &out, &toolchain, arch))).collect();
+    let cache = Cache::new(&out, &source, &toolchain);
+    let mut copied = false;
+    let built: Vec<(String, String)> = archs
+        .iter()
+        .map(|arch| {
+            if let Some(ptx) = cache.get(arch) {
+                return (arch.clone(), ptx);
+            }
+            if !copied {
+                copy_crate(&source, &kernels);
+                copied = true;
+            }
+            let ptx = build_ptx(&kernels, &out, &toolchain, arch);
+            cache.put(arch, &ptx);
+            (arch.clone(), ptx)
+        })
+        .collect();
     write_ptx(&out, &built);
+}
+
+/// The PTX already built, shared by every build of this crate in one target dir: a test
+/// build, a clippy run, the docs and an example with the same kernel sources, toolchain and
+/// features take it from here instead of building it again (each build of all architectures
+/// takes minutes). An entry is named by a hash of everything the kernel build reads (the
+/// kernel crate's files, the toolchain's `rustc -V`, the features, the architecture). The
+/// nested builds keep their own target dirs under `OUT_DIR`: two builds that miss at once
+/// each build theirs, and the entry each stores is the same.
+struct Cache {
+    /// `rope-cuda-ptx` in the target dir (beside the profiles' dirs), or `OUT_DIR` where its
+    /// layout is not the usual one.
+    dir: PathBuf,
+    key: u64,
+}
+
+impl Cache {
+    fn new(out: &Path, source: &Path, toolchain: &str) -> Cache {
+        // OUT_DIR is <target>[/<triple>]/<profile>/build/<package>-<hash>/out (or, in cargo's
+        // newer layout, .../build/<package>/<hash>/out): the entries go beside the profiles.
+        let build = out.ancestors().take(4).find(|a| a.file_name().is_some_and(|n| n == "build"));
+        let dir = match build.and_then(Path::parent).and_then(Path::parent) {
+            Some(target) => target.join("rope-cuda-ptx"),
+            None => out.to_path_buf(),
+        };
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("creating {}: {e}", dir.display())));
+        let mut h = Fnv::default();
+        let rustc =
+            Command::new("rustup").args(["run", toolchain, "rustc", "-V"]).env_remove("RUSTUP_TOOLCHAIN").output();
+        h.add(&rustc.map(|o| o.stdout).unwrap_or_default());
+        h.add(toolchain.as_bytes());
+        h.add(&[env::var_os("CARGO_FEATURE_BENCH_KERNELS").is_some() as u8]);
+        let mut files = Vec::new();
+        list_files(&source.join("src"), &mut files);
+        files.sort();
+        files.push(source.join("build.rs"));
+        files.push(source.join("Cargo.toml"));
+        for f in files {
+            h.add(f.strip_prefix(source).unwrap_or(&f).to_string_lossy().as_bytes());
+            h.add(&std::fs::read(&f).unwrap_or_else(|e| fail(&format!("reading {}: {e}", f.display()))));
+        }
+        Cache { dir, key: h.0 }
+    }
+
+    fn path(&self, arch: &str) -> PathBuf {
+        self.dir.join(format!("{:016x}-{arch}.ptx", self.key))
+    }
+
+    fn get(&self, arch: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(arch)).ok()
+    }
+
+    /// Stores an entry whole or not at all (written aside, then renamed): a build that stops
+    /// halfway, or one running beside it, never reads half a file.
+    fn put(&self, arch: &str, ptx: &str) {
+        let tmp = self.dir.join(format!("{:016x}-{arch}.{}.tmp", self.key, std::process::id()));
+        std::fs::write(&tmp, ptx).unwrap_or_else(|e| fail(&format!("writing {}: {e}", tmp.display())));
+        std::fs::rename(&tmp, self.path(arch)).unwrap_or_else(|e| fail(&format!("renaming {}: {e}", tmp.display())));
+    }
+}
+
+/// FNV-1a, 64 bits, with each part's length mixed in (parts cannot run into each other).
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Fnv {
+    fn add(&mut self, bytes: &[u8]) {
+        if self.0 == 0 {
+            self.0 = 0xcbf2_9ce4_8422_2325;
+        }
+        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+fn list_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| fail(&format!("reading {}: {e}", dir.display())));
+    for entry in entries {
+        let path = entry.unwrap_or_else(|e| fail(&format!("reading {}: {e}", dir.display()))).path();
+        if path.is_dir() {
+            list_files(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
 }
 
 /// Builds the kernel crate's PTX for `arch` (a target dir of its own: `core` is built per

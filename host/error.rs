@@ -179,6 +179,17 @@ pub enum Error {
     /// neither.
     #[error("q and k must both be rotated in place or both out of place")]
     InPlaceMismatch,
+    /// A QK-norm's `eps` is not finite and positive ([`QkNorm`](crate::QkNorm)).
+    #[error("qk norm: eps {eps} must be finite and greater than 0")]
+    NormEps {
+        /// The `eps` given.
+        eps: f32,
+    },
+    /// A QK-norm that does not fit its kind or the launch: weights missing for a weighted
+    /// kind or given to [`NormKind::RmsUnit`](crate::NormKind::RmsUnit), or views whose
+    /// heads the normed kernels cannot take (see the message).
+    #[error("qk norm: {0}")]
+    Norm(&'static str),
     /// A device address is not aligned to what is read there (its element size; 16 bytes for
     /// the benchmarks' copy): start the view on an element boundary.
     #[error("{what}: device address {address:#x} is not aligned to {align} bytes")]

@@ -15,6 +15,7 @@ use crate::launch::{
     lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
+use crate::norm::{norm_view, QkNorm, RawNorm, RawWeight};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -210,6 +211,7 @@ pub struct KvAppend<'r, 'a> {
     positions: Positions<'a>,
     /// Address, length and hold of the slot mapping.
     slots: Option<(u64, usize, Hold<'a>)>,
+    norm: Option<QkNorm<'a>>,
 }
 
 impl<'r, 'a> KvAppend<'r, 'a> {
@@ -219,7 +221,7 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     /// queries, no slot mapping (a contiguous cache). Add them with [`KvAppend::q`] and
     /// [`KvAppend::slots`].
     pub fn new(k: &'r Tensor<'a>, v: &'r Tensor<'a>, cache: &'r mut KvCache<'a>, positions: Positions<'a>) -> Self {
-        KvAppend { q: None, k, v, cache, positions, slots: None }
+        KvAppend { q: None, k, v, cache, positions, slots: None, norm: None }
     }
 
     /// Also rotates the queries `q` (`[batch, seq, q_heads, head_dim]`) in place, in the same
@@ -243,6 +245,17 @@ impl<'r, 'a> KvAppend<'r, 'a> {
         self
     }
 
+    /// Normalizes each head of q and of k with `norm` before the rotation, in the same
+    /// launch (QK-norm: Qwen3, Gemma 3 and 4, Llama 4, …): the keys written to the cache and
+    /// q are normalized and rotated, with one rounding to their type; `k` is read, not
+    /// modified. The views must take 8- or 16-byte accesses (aligned addresses and strides,
+    /// as the fast kernels ask) and a head at most 32 lanes of them (head_dim up to 256 in
+    /// f16/bf16 and in f32): otherwise [`Error::Norm`].
+    pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
+        self.norm = Some(norm);
+        self
+    }
+
     /// The append as device addresses, for [`Rope::append_kv_raw`] and [`validate_append`].
     pub fn raw(&self) -> RawKvArgs {
         RawKvArgs {
@@ -259,11 +272,12 @@ impl<'r, 'a> KvAppend<'r, 'a> {
             cache: self.cache.raw(),
             positions: self.positions.raw(),
             slots: self.slots.as_ref().map(|&(ptr, len, _)| (ptr, len)),
+            norm: self.norm.as_ref().map(QkNorm::raw),
         }
     }
 
     /// Each buffer's name and hold.
-    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 11] {
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 13] {
         let (q, q_out, q_scale) = match &self.q {
             None => (None, None, None),
             Some(QArg::InPlace(q)) => (Some(&q.hold), None, None),
@@ -282,6 +296,8 @@ impl<'r, 'a> KvAppend<'r, 'a> {
             ("v scales", scales.map(|s| &s.v.2)),
             ("positions", Some(&self.positions.hold)),
             ("slots", self.slots.as_ref().map(|(_, _, hold)| hold)),
+            ("q norm weight", self.norm.as_ref().and_then(|n| n.holds()[0])),
+            ("k norm weight", self.norm.as_ref().and_then(|n| n.holds()[1])),
         ]
     }
 }
@@ -296,7 +312,7 @@ enum QArg<'r, 'a> {
 /// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]). Each
 /// tensor carries its element type: q's, k's and v's must be the configuration's, and the
 /// caches' the same, or both one FP8 format (with scales).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RawKvArgs {
     /// Queries `[batch, seq, q_heads, head_dim]` to rotate in the same launch: in place, or,
     /// with `q_fp8`, into an FP8 buffer.
@@ -314,6 +330,8 @@ pub struct RawKvArgs {
     /// Paged caches: device address and length of the i64 slot mapping, one per token
     /// (`-1`: padding, not written).
     pub slots: Option<(u64, usize)>,
+    /// QK-norm of q's and k's heads before the rotation ([`KvAppend::norm`]).
+    pub norm: Option<RawNorm>,
 }
 
 // The reference operation launches GPT-J kernels at the width `plan_kv` chose; its `_v_t`
@@ -359,7 +377,7 @@ pub(crate) struct KvPlan {
 
 impl KvPlan {
     /// The buffers the launch touches, for the device check.
-    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 11] {
+    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 13] {
         let scales = args.cache.scales;
         [
             ("q", args.q.map_or(0, |t| t.ptr)),
@@ -373,6 +391,8 @@ impl KvPlan {
             ("v scales", scales.map_or(0, |s| s.v.0)),
             ("positions", self.params.positions.address()),
             ("slots", self.params.cache.mapping()),
+            ("q norm weight", self.params.norm.weights[0]),
+            ("k norm weight", self.params.norm.weights[1]),
         ]
     }
 
@@ -476,6 +496,13 @@ pub(crate) fn plan_kv(
     }
     check_view("k", &args.k)?;
     check_view("v", &args.v)?;
+    let norm = match &args.norm {
+        Some(_) if spec.tables == TableSource::Caller => {
+            return Err(Error::Norm("the reference update (the caller's tables) takes no norm"));
+        }
+        Some(n) => Some(norm_view(n, hd)?),
+        None => None,
+    };
 
     let cache = &args.cache;
     let cl = cache_layout(cache)?;
@@ -513,6 +540,7 @@ pub(crate) fn plan_kv(
     // What is written (q in place or its FP8 output, both caches) shares nothing with anything
     // else, the scales included.
     let scale_tensor = |(ptr, len): (u64, usize)| RawTensor::new(ptr, len, DType::F32, Layout::bshd(1, 1, 1, len));
+    let weight_tensor = |w: RawWeight| RawTensor::new(w.ptr, w.len, w.dtype, Layout::bshd(1, 1, 1, w.len));
     let entries = [
         ("q", args.q, q_fp8.is_none()),
         ("q out", q_fp8.map(|o| o.out), true),
@@ -523,6 +551,8 @@ pub(crate) fn plan_kv(
         ("k scales", cache.scales.map(|s| scale_tensor(s.k)), false),
         ("v scales", cache.scales.map(|s| scale_tensor(s.v)), false),
         ("q scale", q_fp8.map(|o| scale_tensor(o.scale)), false),
+        ("q norm weight", args.norm.and_then(|n| n.q_weight).map(weight_tensor), false),
+        ("k norm weight", args.norm.and_then(|n| n.k_weight).map(weight_tensor), false),
     ];
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
@@ -571,8 +601,8 @@ pub(crate) fn plan_kv(
 
     let views = [args.q, q_fp8.map(|o| o.out), Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
     let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten());
-    let claim = tokens > KV_SCAN_MAX_TOKENS;
-    let width = match vector {
+    let mut claim = tokens > KV_SCAN_MAX_TOKENS;
+    let mut width = match vector {
         false => KvWidth::Scalar,
         true if !claim => KvWidth::Decode,
         // The caller's tables come in `_v_t` kernels only, one head per thread like `_p`.
@@ -581,15 +611,35 @@ pub(crate) fn plan_kv(
     };
     // The decode kernels move 8 bytes per access (half the work per thread: few tokens are
     // bound by each thread's chain of latencies, not by bandwidth).
-    let e = if width == KvWidth::Decode { 8 / size } else { 16 / size };
-    let (rot_lanes, cw) = lanes(vector, spec.style, rot, e);
+    let lanes_of = |width| {
+        let e = if width == KvWidth::Decode { 8 / size } else { 16 / size };
+        let (rot_lanes, cw) = lanes(vector, spec.style, rot, e);
+        (rot_lanes, cw, rot_lanes + (hd - rot) / cw)
+    };
+    if norm.is_some() {
+        // The normed kernels: one head a thread, its lanes inside one warp (`_d`, else `_p`,
+        // which claims its slots).
+        if !vector {
+            return Err(Error::Norm("the views must take 8- or 16-byte accesses (aligned addresses and strides)"));
+        }
+        if width != KvWidth::Decode || lane_slots(lanes_of(KvWidth::Decode).2 as u64) > 32 {
+            (width, claim) = (KvWidth::Prefill, true);
+        }
+        if lane_slots(lanes_of(width).2 as u64) > 32 {
+            return Err(Error::Norm(
+                "a head takes more than 32 lanes of 16 bytes (head_dim above 256 in f16/bf16, 128 in f32 GPT-J)",
+            ));
+        }
+    }
+    let (rot_lanes, cw, _) = lanes_of(width);
     let g = match width {
         KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
         _ => 1,
     };
     let (k_lanes, v_lanes) = (rot_lanes + (hd - rot) / cw, hd / cw);
-    // q into an FP8 buffer copies its dims past rotary_dim too: k's lanes.
-    let q_lanes = if q_fp8.is_some() { k_lanes } else { rot_lanes };
+    // q into an FP8 buffer copies its dims past rotary_dim too: k's lanes; as does q
+    // normalized in place.
+    let q_lanes = if q_fp8.is_some() || norm.is_some() { k_lanes } else { rot_lanes };
     let lane_counts = [q_lanes, k_lanes, v_lanes].map(|l| l as u64);
     let (k_start, v_start, work) =
         kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
@@ -615,6 +665,7 @@ pub(crate) fn plan_kv(
         // the positions load (see `ComputedView::with_staged`).
         pairs,
         source: staged(source, !claim),
+        norm: norm.unwrap_or_default(),
         positions,
         errors,
         tokens: tokens as u32,
@@ -629,8 +680,14 @@ pub(crate) fn plan_kv(
         // Below `work`, checked below 2^31 by `flat_geometry`.
         starts: [k_start as u32, v_start as u32],
     };
-    let key =
-        KvKey { style: spec.style, types: params.types(), width, tables: source.source(), mrope: spec.mrope.is_some() };
+    let key = KvKey {
+        style: spec.style,
+        types: params.types(),
+        width,
+        tables: source.source(),
+        mrope: spec.mrope.is_some(),
+        norm: norm.is_some(),
+    };
     if key.entry_point().is_none() {
         // Only the caches' types can be without a kernel: the inputs' are the configuration's.
         let caches = [("k cache", cache.k.dtype), ("v cache", cache.v.dtype)];
@@ -814,6 +871,7 @@ fn plan_read(args: &RawKvRead, errors: ErrorSink) -> Result<Option<(ReadKey, Rea
 ///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
 ///     slots: Some((7 << 30, 4)),
+///     norm: None,
 /// };
 /// assert_eq!(validate_append(&config, &args), Ok(()));
 /// let unpaged = RawKvArgs { slots: None, ..args };
@@ -901,6 +959,7 @@ impl Rope {
     ///     cache: KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw(),
     ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos.as_device_ptr().as_raw(), len: 2 },
     ///     slots: Some((slots.as_device_ptr().as_raw(), 2)),
+    ///     norm: None,
     /// };
     /// // SAFETY: every address is a live allocation of this context of the length given, kept until
     /// // `check_errors` synchronises.
@@ -1010,6 +1069,7 @@ mod tests {
             },
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * BASE, len: 6 },
             slots: Some((7 * BASE, 6)),
+            norm: None,
         }
     }
 
@@ -1225,8 +1285,19 @@ mod tests {
                             assert!(key.entry_point().is_some(), "{key:?}");
                         }
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
-                            let key = KvKey { style, types: KvTypes::uniform(dtype), width, tables: source, mrope };
+                            let key = KvKey {
+                                style,
+                                types: KvTypes::uniform(dtype),
+                                width,
+                                tables: source,
+                                mrope,
+                                norm: false,
+                            };
                             assert!(key.entry_point().is_some(), "{key:?}");
+                            // QK-norm: the one-head widths, every type.
+                            let normed = KvKey { norm: true, ..key };
+                            let has = matches!(width, KvWidth::Decode | KvWidth::Prefill);
+                            assert_eq!(normed.entry_point().is_some(), has, "{normed:?}");
                             // FP8 caches of either format: one entry point for both, at every
                             // width.
                             let [e4, e5] = [DType::E4M3, DType::E5M2].map(|f| {
@@ -1258,7 +1329,14 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode] {
                 let types = KvTypes::uniform(dtype);
-                let key = KvKey { style: RopeStyle::GptJ, types, width, tables: TableSource::Caller, mrope: false };
+                let key = KvKey {
+                    style: RopeStyle::GptJ,
+                    types,
+                    width,
+                    tables: TableSource::Caller,
+                    mrope: false,
+                    norm: false,
+                };
                 assert!(key.entry_point().is_some(), "{key:?}");
             }
         }

@@ -101,6 +101,7 @@ mod kernels;
 mod kv;
 mod launch;
 mod layout;
+mod norm;
 mod operand;
 mod records;
 mod rope;
@@ -123,6 +124,7 @@ pub use kv::{
     KV_SCAN_MAX_TOKENS,
 };
 pub use layout::Layout;
+pub use norm::{NormKind, QkNorm, RawNorm, RawWeight};
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
 pub use rope::{validate, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;

@@ -35,6 +35,23 @@ pub fn rope_row(
     rope_row_freqs(x, position, &freqs, 1.0, style, direction)
 }
 
+/// The RMS norm of one head in f64: `x_i · r · (w_i + offset)`, `r = 1 / sqrt(mean(x²) + eps)`
+/// (each weight 1 without `weight`, the offset then unused): the QK-norm
+/// ([`QkNorm`](crate::QkNorm)) the fused append applies before the rotation.
+///
+/// ```
+/// use rope_cuda::reference::rms_norm_row;
+/// // mean(x²) = 12.5, eps 0: r = 1 / sqrt(12.5); Gemma's (1 + w) with w = (1, 0).
+/// let y = rms_norm_row(&[3.0, 4.0], Some(&[1.0, 0.0]), 1.0, 0.0);
+/// let r = 1.0 / 12.5f64.sqrt();
+/// assert!((y[0] - 6.0 * r).abs() < 1e-15 && (y[1] - 4.0 * r).abs() < 1e-15);
+/// ```
+pub fn rms_norm_row(x: &[f64], weight: Option<&[f64]>, offset: f64, eps: f64) -> Vec<f64> {
+    let mean = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let r = 1.0 / (mean + eps).sqrt();
+    x.iter().enumerate().map(|(i, v)| v * r * weight.map_or(1.0, |w| w[i] + offset)).collect()
+}
+
 /// [`rope_row`] for any frequencies (one per pair, `2 * inv_freq.len()` rotary dims) with
 /// cos and sin multiplied by `attention` (see [`crate::RopeScaling::frequencies`]).
 ///

@@ -75,6 +75,10 @@ const KV_WIDTHS: [Value; 4] = [
 ];
 /// The caller's tables (`_t`, the reference operation): GPT-J, one row, these widths.
 const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
+/// QK-norm before the rotation (`_n`): the KV appends of these widths (one head a thread, 8
+/// or 16 bytes: a head's lanes sum their squares inside one warp), with the library's
+/// sources, both position rows and every operand type.
+const NORM_WIDTHS: [usize; 2] = [1, 2];
 
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
 /// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,
@@ -175,8 +179,9 @@ fn rope_rows(out: &mut String) {
     }
 }
 
-fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: Source<'_>) {
-    let name = format!("kv_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source.0);
+fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: Source<'_>, norm: bool) {
+    let n = if norm { "_n" } else { "" };
+    let name = format!("kv_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source.0);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
         "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty == "GptJ", size(elem(types.1))),
@@ -185,7 +190,7 @@ fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &V
     let scan = matches!(width.ty, "s" | "d");
     writeln!(
         out,
-        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {} }} [{}, {access}, {}, {}, {g}, {scan}];",
+        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {}, norm: {norm} }} [{}, {access}, {}, {}, {g}, {scan}, {norm}];",
         style.key, kv_types(types), width.key, source.1, rows.key, style.ty, source.2, rows.ty
     )
     .unwrap();
@@ -195,14 +200,21 @@ fn kv_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES.into_iter().chain(FP8_TYPES) {
             for (width, rows, source) in variants(&KV_WIDTHS) {
-                kv_row(out, style, types, width, rows, (source.name, source.key, source.ty));
+                kv_row(out, style, types, width, rows, (source.name, source.key, source.ty), false);
+            }
+            for &w in &NORM_WIDTHS {
+                for rows in &ROWS {
+                    for source in &SOURCES {
+                        kv_row(out, style, types, &KV_WIDTHS[w], rows, (source.name, source.key, source.ty), true);
+                    }
+                }
             }
             if style.ty == "GptJ" && types.2 != "FP8" {
                 // The caller's tables, in the inputs' type (f32: its own table type).
                 let t = elem(types.1);
                 let table = if t == "F32" { "F32Table".to_string() } else { format!("ElemTable<{t}>") };
                 for &w in &CALLER_WIDTHS {
-                    kv_row(out, style, types, &KV_WIDTHS[w], &ROWS[0], ("_t", "TableSource::Caller", &table));
+                    kv_row(out, style, types, &KV_WIDTHS[w], &ROWS[0], ("_t", "TableSource::Caller", &table), false);
                 }
             }
         }
@@ -265,6 +277,8 @@ fn main() {
     }
     let caller: Vec<String> = CALLER_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
     writeln!(list, "    /// KV widths with the caller's tables (GPT-J, one position row).\n    pub const CALLER_WIDTHS: &[&str] = &[{}];", caller.join(", ")).unwrap();
+    let norm: Vec<String> = NORM_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
+    writeln!(list, "    /// KV widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
     list += "}\n";
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("entry_list.rs");
     if std::fs::read_to_string(&out).ok().as_deref() != Some(list.as_str()) {

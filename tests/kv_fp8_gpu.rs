@@ -141,6 +141,7 @@ fn append_case<T: TestElem, F: Code>(g: &Gpu, c: Case, seed: u64) -> usize {
                 cache: cache_view.raw(),
                 positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: tokens },
                 slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
+                norm: None,
             };
             // SAFETY: every address is a live buffer of this context, alive until the sync.
             unsafe { rope.append_kv_raw(&args, g.stream.as_inner()) }.unwrap();

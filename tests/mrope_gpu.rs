@@ -327,6 +327,7 @@ fn mrope_misuse_is_a_typed_error() {
         cache: RawKvCache { k: raw(4, cache), v: raw(5, cache), paged: false, scales: None },
         positions: RawPositions { kind: PositionKind::StreamsI32, ptr: 9 * BASE, len: 18 },
         slots: None,
+        norm: None,
     };
     assert_eq!(validate_append(&config, &append), Err(Error::MropeCache));
     let paged = RawKvArgs { cache: RawKvCache { paged: true, ..append.cache }, slots: Some((10 * BASE, 6)), ..append };

@@ -273,6 +273,7 @@ impl KvUpdate {
             },
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: positions.0, len: positions.1 },
             slots: None,
+            norm: None,
         };
         let spec = KvSpec {
             dtype,

@@ -150,7 +150,7 @@ pub struct RopeKey {
     pub source: TableSource,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c]`), parameters
+/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c][_n]`), parameters
 /// [`crate::params::KvParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
@@ -165,6 +165,9 @@ pub struct KvKey {
     /// Multimodal RoPE: three position streams per token (`_m`; library tables, widths `_s`,
     /// `_d` and `_p` only).
     pub mrope: bool,
+    /// QK-norm of q's and k's heads before the rotation (`_n`; the library's sources, widths
+    /// `_d` and `_p` only).
+    pub norm: bool,
 }
 
 /// `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back, dequantized into the output's type

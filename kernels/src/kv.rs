@@ -5,6 +5,7 @@
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
+use crate::norm::{group_sum, inv_rms, weight, NormLane};
 use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
@@ -232,6 +233,7 @@ pub(crate) unsafe fn kv_append<
     P: PairRows,
     const G: usize,
     const SCAN: bool,
+    const NORM: bool,
 >(
     p: &KvParams,
 ) {
@@ -270,10 +272,11 @@ pub(crate) unsafe fn kv_append<
         }
     };
     let (input, strides) = (pick(&|v| v.input), [0, 1, 2].map(|i| pick(&|v| v.in_strides[i])));
-    // q into an FP8 buffer takes the copying lanes of the dims past rotary_dim too, as k.
+    // q into an FP8 buffer takes the copying lanes of the dims past rotary_dim too, as k; and
+    // so does q normalized in place.
     let q_fp8 = W::FP8 && p.q.output != 0;
     let (heads, lanes, slots, w) = if is_q {
-        (p.q.heads, if q_fp8 { p.k_lanes } else { p.rot_lanes }, p.lanes_div[0], w)
+        (p.q.heads, if q_fp8 || NORM { p.k_lanes } else { p.rot_lanes }, p.lanes_div[0], w)
     } else if is_k {
         (p.k.heads, p.k_lanes, p.lanes_div[1], w - k_start)
     } else {
@@ -322,8 +325,53 @@ pub(crate) unsafe fn kv_append<
     let load_copy = || if item.is_some() && !rotating { unsafe { C::load_raw(rows.src(0, copy_at)) } } else { [0; 4] };
     // The kernels that fill block rows without scanning load after the rows
     // (`KV_LOADS_AFTER_FILL`).
-    let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared;
+    // (Not with a norm: its statistic needs the loads before anything returns.)
+    let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared && !NORM;
     let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
+    // The norm of q's and k's heads: each lane's sum of squares, summed over its head's lanes
+    // (inside one warp: the host launches the `_n` kernels only where a head's slots are at
+    // most 32), then the lane's weights.
+    let normed = item.is_some() && (is_q || is_k);
+    let norm = if NORM {
+        let mut sum = 0.0f32;
+        if normed && rotating {
+            crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
+                let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                let (a, b) = (R::get(&first[l0], i0), R::get(&first[l1], i1));
+                sum = crate::math::fma(a, a, sum);
+                sum = crate::math::fma(b, b, sum);
+            });
+        } else if normed {
+            crate::rotate::unrolled(C::E, |i| {
+                let x = C::get(&first_copy, i);
+                sum = crate::math::fma(x, x, sum);
+            });
+        }
+        // Every thread of the block is here: none has returned yet.
+        let sum = group_sum(sum, slots.divisor);
+        let mut lane_norm = NormLane { on: is_q || is_k, r: inv_rms(sum, p.norm.dim, p.norm.eps), w: [[1.0; 8]; 2] };
+        let which = is_k as usize;
+        if normed && rotating {
+            crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
+                let (d0, d1) = S::pair_dims::<R>(lane, half, j);
+                // SAFETY: the host checked the weights' buffers: `head_dim` elements of
+                // their type, aligned; `d0` and `d1` are dims of the head.
+                unsafe {
+                    lane_norm.w[0][j] = weight(&p.norm, which, d0);
+                    lane_norm.w[1][j] = weight(&p.norm, which, d1);
+                }
+            });
+        } else if normed {
+            let d = copy_at / C::SIZE;
+            crate::rotate::unrolled(C::E, |i| {
+                // SAFETY: as above: the copying lane's dims are the head's.
+                lane_norm.w[0][i] = unsafe { weight(&p.norm, which, d + i) };
+            });
+        }
+        lane_norm
+    } else {
+        NormLane::OFF
+    };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
     let report = (w == 0 && (is_q || (k_start == 0 && is_k)), w == 0 && is_k);
@@ -401,10 +449,15 @@ pub(crate) unsafe fn kv_append<
         entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
     }
     if is_q && !q_fp8 {
-        // q, in place.
+        // q, in place (with a norm, its dims past rotary_dim too).
         let rows = Rows { src, dst: src as *mut u8, src_step, dst_step: src_step, count };
         // SAFETY: q's rows are in its buffer, written by this item alone.
-        unsafe { S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE) };
+        unsafe {
+            match rotating {
+                true => S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE, &norm),
+                false => rows.copy::<C, C>(first_copy, copy_at, Quant::NONE, &norm),
+            }
+        };
         return;
     }
     // SAFETY: the host claimed for this call in an owner array of `num_slots` entries.
@@ -424,12 +477,12 @@ pub(crate) unsafe fn kv_append<
         // SAFETY: q's output rows are in their buffer, or slot `n` is in the cache; this item
         // alone writes them (this token alone writes slot `n`); the host checked the scale
         // buffers of FP8 outputs (one f32, or one per kv head).
-        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant) };
+        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant, &norm) };
     } else {
         // k and q past rotary_dim, and v: copy (the bits, where the types agree; FP8: divided by
         // the scale and converted).
         // SAFETY: as above.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, quant) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, quant, &norm) };
     }
 }
 

@@ -16,7 +16,8 @@
 //! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike; [`div`]: division
 //!   by launch constants; [`fp8`]: the 8-bit float formats (an architecture-specific
 //!   instruction behind one function, with its portable twin);
-//! - [`mem`]: the loads and atomics of the views, for both sides;
+//! - [`mem`]: the loads and atomics of the views, for both sides; [`norm`]: the QK-norm's
+//!   view and statistic (and, on the device, its reduction across a head's lanes);
 //! - device only: `gpu` (the intrinsics and memory accesses the kernels need, standing in for
 //!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope` and
 //!   `kv` (the bodies of the RoPE and KV-cache entry points), `bench` (benchmark yardsticks,
@@ -47,6 +48,7 @@ pub mod fp8;
 pub mod keys;
 pub mod math;
 pub mod mem;
+pub mod norm;
 pub mod params;
 pub mod tuning;
 pub mod views;

@@ -7,6 +7,7 @@
 
 pub use crate::div::{Divisor, FastDiv};
 use crate::keys::{KvTypes, RopeTypes};
+use crate::norm::NormView;
 use crate::views::{
     CacheView, ComputedView, ErrorSink, HeadsView, OwnerView, Pairs, PositionsView, ScalesView, SourceView,
 };
@@ -253,6 +254,9 @@ pub struct KvParams {
     pub pairs: Pairs,
     /// Where cos and sin come from (the library's table, computed, or the caller's tables).
     pub source: SourceView,
+    /// The RMS norm of q's and k's heads before the rotation (the `_n` kernels; unread by
+    /// the others).
+    pub norm: NormView,
     /// The tokens' positions and their valid range.
     pub positions: PositionsView,
     /// Where skipped tokens are recorded.

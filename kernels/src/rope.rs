@@ -123,6 +123,6 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
     } else {
         // Dims past rotary_dim, out of place: copy the bits.
         // SAFETY: as above; the output rows overlap nothing else.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, &crate::norm::NormLane::OFF) };
     }
 }

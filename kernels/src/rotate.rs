@@ -8,11 +8,13 @@ use crate::gpu::{
     block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
     Bits, Elem, Io, Lane,
 };
+use crate::math::fma;
 use crate::math::{
     angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
     ANGLE_STEPS,
 };
 use crate::mem::sync_threads;
+use crate::norm::NormLane;
 use crate::params::{row_stride, SharedLayout};
 use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
 
@@ -776,7 +778,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     (raw, out): (&[Bits; 2], &mut [Bits; 2]),
     pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
     reload: impl Fn() -> [Bits; 2],
-    (fmt, scale): (Fp8, Scale),
+    ((fmt, scale), norm): ((Fp8, Scale), &NormLane),
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
@@ -787,7 +789,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     let (c, s) = unsafe { t.lane::<B>(p, n) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
-        let (a, b) = (R::get(&raw[l0], i0), R::get(&raw[l1], i1));
+        let (a, b) = (norm.get(j, 0, R::get(&raw[l0], i0)), norm.get(j, 1, R::get(&raw[l1], i1)));
         let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
             true => rotate_pair_rounded(a, b, (c[j], 0.0), (s[j], 0.0)),
             false => rotate_pair_fast(a, b, c[j], s[j]),
@@ -823,16 +825,21 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
         let orig = reload();
         unrolled(n, |j| {
             let ((l0, i0), (l1, i1)) = pair(j);
-            let (a, b) = (R::get(&orig[l0], i0), R::get(&orig[l1], i1));
+            // Normalized inputs as `hi + lo`: the rotation of the `hi` parts, then the `lo`
+            // parts' (tiny) rotation added (only with a norm: adding zero would turn a
+            // result of -0 into +0).
+            let ((a, al), (b, bl)) = (norm.exact(j, 0, R::get(&orig[l0], i0)), norm.exact(j, 1, R::get(&orig[l1], i1)));
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
             let (c, s) = unsafe { t.exact::<B>(p, j) };
             let (y0, y1) = match W::FP8 {
-                true => {
-                    let (y0, y1) = rotate_pair_rounded(a, b, c, s);
-                    (scale.div(y0), scale.div(y1))
-                }
+                true => rotate_pair_rounded(a, b, c, s),
                 false => rotate_pair(a, b, c, s),
             };
+            let (y0, y1) = match norm.on {
+                true => (y0 + fma(al, c.0, -(bl * s.0)), y1 + fma(bl, c.0, al * s.0)),
+                false => (y0, y1),
+            };
+            let (y0, y1) = if W::FP8 { (scale.div(y0), scale.div(y1)) } else { (y0, y1) };
             W::put(&mut out[l0], &mut pending[l0], i0, y0, fmt);
             W::put(&mut out[l1], &mut pending[l1], i1, y1, fmt);
         });
@@ -966,7 +973,7 @@ impl Rows {
     /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination;
     /// `quant` as [`Quant::scale`] for every head, where `D` stores FP8.
     #[inline(always)]
-    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize, quant: Quant) {
+    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize, quant: Quant, norm: &NormLane) {
         const { assert!(C::E == D::E) };
         let to = if C::SIZE == D::SIZE { at } else { at / C::SIZE * D::SIZE };
         let mut cur = first;
@@ -974,7 +981,7 @@ impl Rows {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
             // SAFETY: as above.
-            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h))) };
+            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h), norm)) };
             cur = next;
         }
     }
@@ -985,12 +992,12 @@ impl Rows {
 /// the scale per access, not one branch per value: [`div_by`] where the scale and its
 /// reciprocal are normal, else the IEEE division, out of line ([`divide`]).
 #[inline(always)]
-fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale)) -> Bits {
-    if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 {
+fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale), norm: &NormLane) -> Bits {
+    if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 && !norm.on {
         return raw;
     }
     let mut xs = [0.0f32; 8];
-    unrolled(C::E, |i| xs[i] = C::get(&raw, i));
+    unrolled(C::E, |i| xs[i] = norm.get(i, 0, C::get(&raw, i)));
     if D::FP8 {
         xs = match scale.normal() {
             true => xs.map(|x| div_by(x, scale.s, scale.r)),
@@ -1009,6 +1016,12 @@ fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale)) -> Bits {
 /// `rows` lies inside its source and destination buffers with the alignment `R` needs, the
 /// destination overlaps nothing else the launch touches, and the table holds row `pos`.
 pub(crate) trait Style {
+    /// The pairs of a lane of accesses `R`.
+    fn lane_pairs<R: Io>() -> usize;
+    /// Where pair `j`'s two elements are in a lane's loaded bits, as (vector, index).
+    fn pair_at<R: Io>(j: usize) -> ((usize, usize), (usize, usize));
+    /// The dims of the head that pair `j` of lane `lane` takes (`half`: rotary_dim / 2).
+    fn pair_dims<R: Io>(lane: usize, half: usize, j: usize) -> (usize, usize);
     /// Loads the bits of lane `lane` of head `h` of `rows`.
     ///
     /// # Safety
@@ -1034,6 +1047,7 @@ pub(crate) trait Style {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
+        norm: &NormLane,
     );
     /// [`Style::entries`], then [`Style::apply`].
     ///
@@ -1051,7 +1065,7 @@ pub(crate) trait Style {
         // SAFETY: the caller's contract.
         unsafe {
             let t = Self::entries::<R, B, P>(lane, at, p);
-            Self::apply::<R, W, B, P>(rows, first, lane, &t, p, quant)
+            Self::apply::<R, W, B, P>(rows, first, lane, &t, p, quant, &NormLane::OFF)
         }
     }
 }
@@ -1071,6 +1085,21 @@ const fn gptj_width<R: Io>() -> usize {
 }
 
 impl Style for NeoX {
+    #[inline(always)]
+    fn lane_pairs<R: Io>() -> usize {
+        R::E
+    }
+
+    #[inline(always)]
+    fn pair_at<R: Io>(j: usize) -> ((usize, usize), (usize, usize)) {
+        ((0, j), (1, j))
+    }
+
+    #[inline(always)]
+    fn pair_dims<R: Io>(lane: usize, half: usize, j: usize) -> (usize, usize) {
+        (lane * R::E + j, half + lane * R::E + j)
+    }
+
     #[inline(always)]
     unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2] {
         let i = lane * R::E;
@@ -1092,6 +1121,7 @@ impl Style for NeoX {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
+        norm: &NormLane,
     ) {
         const { assert!(R::E == W::E) };
         let half = p.pairs.half() as usize;
@@ -1108,7 +1138,7 @@ impl Style for NeoX {
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, q) };
+            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, (q, norm)) };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, lo), y[0]);
@@ -1120,6 +1150,24 @@ impl Style for NeoX {
 }
 
 impl Style for GptJ {
+    #[inline(always)]
+    fn lane_pairs<R: Io>() -> usize {
+        gptj_width::<R>() / 2
+    }
+
+    #[inline(always)]
+    fn pair_at<R: Io>(j: usize) -> ((usize, usize), (usize, usize)) {
+        let per = R::E / 2;
+        let (v, k) = if gptj_width::<R>() > R::E && j >= per { (1, j - per) } else { (0, j) };
+        ((v, 2 * k), (v, 2 * k + 1))
+    }
+
+    #[inline(always)]
+    fn pair_dims<R: Io>(lane: usize, _: usize, j: usize) -> (usize, usize) {
+        let d = lane * gptj_width::<R>() + 2 * j;
+        (d, d + 1)
+    }
+
     #[inline(always)]
     unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, _: usize) -> [Bits; 2] {
         let at = lane * gptj_width::<R>() * R::SIZE;
@@ -1145,15 +1193,13 @@ impl Style for GptJ {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
+        norm: &NormLane,
     ) {
         const { assert!(R::E == W::E) };
-        let (width, per) = (gptj_width::<R>(), R::E / 2);
+        let width = gptj_width::<R>();
         let at = lane * width * W::SIZE;
         // Pair `j` of the lane: in the first vector, or (two vectors) the second.
-        let pair = |j: usize| {
-            let (v, k) = if width > R::E && j >= per { (1, j - per) } else { (0, j) };
-            ((v, 2 * k), (v, 2 * k + 1))
-        };
+        let pair = Self::pair_at::<R>;
         let mut cur = first;
         for h in 0..rows.count {
             // SAFETY: the trait's contract, for heads `h` and
@@ -1165,7 +1211,7 @@ impl Style for GptJ {
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, q) };
+            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, (q, norm)) };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, at), y[0]);

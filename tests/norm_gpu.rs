@@ -1,0 +1,373 @@
+//! QK-norm in the fused append ([`QkNorm`], `KvAppend::norm`) on the GPU: q, both caches and
+//! every untouched element against an f64 model (norm, then rotation, one rounding), over
+//! norm kinds x types x styles x caches x GQA x head dims x sources x decode/claimed calls;
+//! and the typed errors of bad norms, before any launch, with nothing written.
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, TestElem};
+use half::{bf16, f16};
+use rope_cuda::reference::{rms_norm_row, rope_row, uniform_vec};
+use rope_cuda::{
+    validate_append, CosSin, DType, Direction, Error, KvAppend, KvCache, Layout, NormKind, PositionKind, Positions,
+    QkNorm, RawKvArgs, RawKvCache, RawNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor,
+    TensorMut,
+};
+
+const MAX_POS: usize = 4096;
+const BASE: f64 = 10_000.0;
+const EPS: f32 = 1e-6;
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    kind: NormKind,
+    style: RopeStyle,
+    head_dim: usize,
+    rotary_dim: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    batch: usize,
+    seq: usize,
+    cache: CacheKind,
+    source: CosSin,
+    /// Weights in f32 (else in the inputs' type).
+    f32_weights: bool,
+}
+
+/// Seeded inputs of `n` elements for heads of `d`: uniform in [-1, 1), with every third
+/// head scaled by 2^-10 (a mean square near `eps`: eps matters there).
+fn heads(seed: u64, tensor: u64, n: usize, d: usize) -> Vec<f32> {
+    let mut x = uniform_vec(seed, tensor, n);
+    for (h, row) in x.chunks_mut(d).enumerate() {
+        if h % 3 == 0 {
+            row.iter_mut().for_each(|v| *v *= 1.0 / 1024.0);
+        }
+    }
+    x
+}
+
+/// The weights of a kind: around 1 for `Rms`, around 0 for `RmsOnePlus`, none for `RmsUnit`.
+fn weights(kind: NormKind, seed: u64, tensor: u64, d: usize) -> Option<Vec<f32>> {
+    let w = uniform_vec(seed, tensor, d);
+    match kind {
+        NormKind::Rms => Some(w.iter().map(|v| 1.0 + 0.5 * v).collect()),
+        NormKind::RmsOnePlus => Some(w.iter().map(|v| 0.5 * v).collect()),
+        _ => None,
+    }
+}
+
+/// One normed append: returns nothing, asserts everything.
+fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
+    let Case {
+        kind, style, head_dim: d, rotary_dim: rot, q_heads: hq, kv_heads: hk, batch, seq, cache, source, ..
+    } = c;
+    let tokens = batch * seq;
+    let (cache_layout, paged) = cache.layout(batch, hk, d);
+    let (blocks, block_size) = (cache_layout.shape[0], cache_layout.shape[1]);
+    let draw = Draw::new(seed, (batch, seq), paged, (blocks, block_size), MAX_POS);
+    let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
+    let (q_l, k_l) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
+    let q_host = conv(heads(seed, 10, tokens * hq * d, d));
+    let k_host = conv(heads(seed, 11, tokens * hk * d, d));
+    let v_host = conv(uniform_vec(seed, 12, tokens * hk * d));
+    let cache_len = cache_layout.extent().unwrap();
+    let k_cache0 = conv(uniform_vec(seed, 13, cache_len));
+    let v_cache0 = conv(uniform_vec(seed, 14, cache_len));
+    // The weights as the kernels read them (rounded to their type), and as f64.
+    let round_w = |w: Vec<f32>| -> Vec<f32> {
+        if c.f32_weights {
+            w
+        } else {
+            w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect()
+        }
+    };
+    let (qw, kw) = (weights(kind, seed, 20, d).map(round_w), weights(kind, seed, 21, d).map(round_w));
+    let offset = if kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 };
+
+    let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
+    let rope = Rope::new(&g.kernels, config).unwrap();
+    let mut kc = upload_t(&k_cache0);
+    let mut vc = upload_t(&v_cache0);
+    let dpos = upload_t(&draw.positions);
+    let dslots = draw.slots.as_ref().map(|s| upload_t(s));
+    let mut dq = upload_t(&q_host);
+    let (dk, dv) = (upload_t(&k_host), upload_t(&v_host));
+    let f32w = |w: &Option<Vec<f32>>| upload_t(w.as_deref().unwrap_or(&[0.0]));
+    let tw = |w: &Option<Vec<f32>>| upload_t(&conv(w.clone().unwrap_or(vec![0.0])));
+    let (dqw32, dkw32, dqwt, dkwt) = (f32w(&qw), f32w(&kw), tw(&qw), tw(&kw));
+    {
+        let mut cache_view = match paged {
+            true => KvCache::paged(&mut kc, &mut vc, cache_layout),
+            false => KvCache::contiguous(&mut kc, &mut vc, cache_layout),
+        };
+        let mut q = TensorMut::new(&mut dq, q_l);
+        let (k, v) = (Tensor::new(&dk, k_l), Tensor::new(&dv, k_l));
+        let norm = match (kind, c.f32_weights) {
+            (NormKind::RmsUnit, _) => QkNorm::unit(EPS),
+            (NormKind::Rms, true) => QkNorm::rms(&dqw32, &dkw32, EPS),
+            (NormKind::Rms, false) => QkNorm::rms(&dqwt, &dkwt, EPS),
+            (_, true) => QkNorm::gemma(&dqw32, &dkw32, EPS),
+            (_, false) => QkNorm::gemma(&dqwt, &dkwt, EPS),
+        };
+        let mut args = KvAppend::new(&k, &v, &mut cache_view, Positions::ids_i32(&dpos)).norm(norm);
+        if hq > 0 {
+            args = args.q(&mut q);
+        }
+        if let Some(slots) = dslots.as_deref() {
+            args = args.slots(slots);
+        }
+        rope.append_kv(args, &g.stream).unwrap();
+        rope.check_errors(&g.stream).unwrap();
+    }
+    let (q_out, kc, vc): (Vec<T>, Vec<T>, Vec<T>) = (download_t(&dq), download_t(&kc), download_t(&vc));
+    let what = format!("{} {c:?}", T::NAME);
+    let w64 = |w: &Option<Vec<f32>>| w.as_ref().map(|w| w.iter().map(|&v| v as f64).collect::<Vec<f64>>());
+    let (qw, kw) = (w64(&qw), w64(&kw));
+    let normed_rotated = |x: &[T], w: &Option<Vec<f64>>, pos: i32| {
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let y = rms_norm_row(&x, w.as_deref(), offset, EPS as f64);
+        rope_row(&y, pos as f64, BASE, rot, style, Direction::Forward)
+    };
+
+    // The caches: tokens in order, the last writer of a slot wins; every other element as it was.
+    let mut want_k: Vec<Option<f64>> = vec![None; cache_len];
+    let mut want_v = v_cache0.clone();
+    for t in 0..tokens {
+        let Some(n) = draw.target(t) else { continue };
+        let (b, s) = (t / seq, t % seq);
+        for h in 0..hk {
+            let src = k_l.offset + b * k_l.strides[0] + s * k_l.strides[1] + h * k_l.strides[2];
+            let y = normed_rotated(&k_host[src..src + d], &kw, draw.positions[t]);
+            let dst = row_at(&cache_layout, n / block_size, n % block_size, h);
+            for i in 0..d {
+                want_k[dst + i] = Some(y[i]);
+            }
+            want_v[dst..dst + d].copy_from_slice(&v_host[src..src + d]);
+        }
+    }
+    check(&kc, &want_k, &k_cache0, d, &format!("{what}: key cache"));
+    for i in 0..cache_len {
+        assert_eq!(vc[i].bits(), want_v[i].bits(), "{what}: value cache element {i}");
+    }
+    let mut want_q: Vec<Option<f64>> = vec![None; q_host.len()];
+    for t in 0..tokens {
+        for h in 0..hq {
+            let at = (t * hq + h) * d;
+            let y = normed_rotated(&q_host[at..at + d], &qw, draw.positions[t]);
+            for i in 0..d {
+                want_q[at + i] = Some(y[i]);
+            }
+        }
+    }
+    check(&q_out, &want_q, &q_host, d, &format!("{what}: q"));
+}
+
+/// Elements with a value: f32 within 1e-5 of it relative to its head's largest, 16-bit within
+/// one ulp of its correct rounding; the rest bit-identical to `before`.
+fn check<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], d: usize, what: &str) {
+    for (r, row) in want.chunks(d).enumerate() {
+        let scale = row.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
+        for (j, w) in row.iter().enumerate() {
+            let i = r * d + j;
+            match w {
+                Some(e) if T::NAME == "f32" => {
+                    let err = (got[i].to_f64() - e).abs();
+                    assert!(err <= 1e-5 * scale, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
+                }
+                Some(e) => {
+                    assert!(got[i].ulps(T::round(*e)) <= 1, "{what}: element {i}: {:?} vs {e}", got[i]);
+                }
+                None => assert_eq!(got[i].bits(), before[i].bits(), "{what}: element {i} changed"),
+            }
+        }
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let caches = [CacheKind::Bshd(64), CacheKind::PagedNhd(40, 16), CacheKind::PagedHnd(9, 32), CacheKind::Bhsd(300)];
+    let kinds = [NormKind::Rms, NormKind::RmsOnePlus, NormKind::RmsUnit];
+    let mut i = 0;
+    for source in [CosSin::Table, CosSin::Computed] {
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            for (ci, cache) in caches.into_iter().enumerate() {
+                for (hq, hk) in [(8, 2), (4, 4), (0, 1)] {
+                    // Head dims of Llama/Qwen3 (128), Gemma (256), small ones, and partial rotary.
+                    let (d, rot) = [(128, 128), (256, 256), (64, 32), (128, 64)][i % 4];
+                    // Decode (15 tokens: the scanning `_d` kernels), or past the scan's limit
+                    // (the claimed `_p` kernels) on the 300-row contiguous cache.
+                    let (batch, seq) = if ci == 3 { (2, 150) } else { (3, 5) };
+                    v.push(Case {
+                        kind: kinds[i % 3],
+                        style,
+                        head_dim: d,
+                        rotary_dim: rot,
+                        q_heads: hq,
+                        kv_heads: hk,
+                        batch,
+                        seq,
+                        cache,
+                        source,
+                        f32_weights: i % 5 == 1,
+                    });
+                    i += 1;
+                }
+            }
+        }
+    }
+    v
+}
+
+fn matrix<T: TestElem>(test: &str) {
+    let Some(g) = gpu(test) else { return };
+    let seed = test_seed(test);
+    for (i, c) in cases().into_iter().enumerate() {
+        norm_case::<T>(&g, c, seed.wrapping_add(i as u64));
+    }
+}
+
+#[test]
+fn norm_append_matrix_f32() {
+    matrix::<f32>("norm_append_matrix_f32");
+}
+
+#[test]
+fn norm_append_matrix_f16() {
+    matrix::<f16>("norm_append_matrix_f16");
+}
+
+#[test]
+fn norm_append_matrix_bf16() {
+    matrix::<bf16>("norm_append_matrix_bf16");
+}
+
+/// Addresses far apart for the plan-only checks (nothing is launched or read).
+const GB: u64 = 1 << 30;
+
+fn raw_args(norm: Option<RawNorm>) -> RawKvArgs {
+    let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
+    let new = Layout::bshd(4, 1, 8, 128);
+    let cache = Layout::bshd(64, 16, 8, 128);
+    RawKvArgs {
+        q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
+        q_fp8: None,
+        k: t(2, new),
+        v: t(3, new),
+        cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
+        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: 4 },
+        slots: Some((7 * GB, 4)),
+        norm,
+    }
+}
+
+fn weight(i: u64, len: usize, dtype: DType) -> Option<RawWeight> {
+    Some(RawWeight { ptr: i * GB, len, dtype })
+}
+
+/// Every bad norm is a typed error from the plan alone (no GPU needed).
+#[test]
+fn bad_norms_are_typed_errors() {
+    let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+    let good = RawNorm {
+        kind: NormKind::Rms,
+        eps: 1e-6,
+        q_weight: weight(8, 128, DType::BF16),
+        k_weight: weight(9, 128, DType::BF16),
+    };
+    validate_append(&config, &raw_args(Some(good))).unwrap();
+    validate_append(
+        &config,
+        &raw_args(Some(RawNorm { kind: NormKind::RmsUnit, q_weight: None, k_weight: None, ..good })),
+    )
+    .unwrap();
+    let cases: Vec<(&str, RawKvArgs, fn(&Error) -> bool)> = vec![
+        ("eps 0", raw_args(Some(RawNorm { eps: 0.0, ..good })), |e| matches!(e, Error::NormEps { .. })),
+        ("eps NaN", raw_args(Some(RawNorm { eps: f32::NAN, ..good })), |e| matches!(e, Error::NormEps { .. })),
+        ("eps < 0", raw_args(Some(RawNorm { eps: -1e-6, ..good })), |e| matches!(e, Error::NormEps { .. })),
+        ("eps inf", raw_args(Some(RawNorm { eps: f32::INFINITY, ..good })), |e| matches!(e, Error::NormEps { .. })),
+        ("no k weight", raw_args(Some(RawNorm { k_weight: None, ..good })), |e| matches!(e, Error::Norm(_))),
+        ("unit with weights", raw_args(Some(RawNorm { kind: NormKind::RmsUnit, ..good })), |e| {
+            matches!(e, Error::Norm(_))
+        }),
+        ("short weight", raw_args(Some(RawNorm { q_weight: weight(8, 64, DType::BF16), ..good })), |e| {
+            matches!(e, Error::Length { what: "q norm weight", .. })
+        }),
+        ("mixed weight types", raw_args(Some(RawNorm { k_weight: weight(9, 128, DType::F32), ..good })), |e| {
+            matches!(e, Error::DType { what: "k norm weight", .. })
+        }),
+        ("FP8 weight", raw_args(Some(RawNorm { q_weight: weight(8, 128, DType::E4M3), ..good })), |e| {
+            matches!(e, Error::DType { what: "q norm weight", .. })
+        }),
+        (
+            "misaligned weight",
+            raw_args(Some(RawNorm {
+                q_weight: Some(RawWeight { ptr: 8 * GB + 1, len: 128, dtype: DType::BF16 }),
+                ..good
+            })),
+            |e| matches!(e, Error::Alignment { what: "q norm weight", .. }),
+        ),
+        (
+            "weight inside the key cache",
+            raw_args(Some(RawNorm { k_weight: Some(RawWeight { ptr: 4 * GB, len: 128, dtype: DType::BF16 }), ..good })),
+            |e| matches!(e, Error::Aliasing { .. }),
+        ),
+        (
+            "views without 8-byte accesses",
+            {
+                let mut a = raw_args(Some(good));
+                a.k.ptr += 2;
+                a
+            },
+            |e| matches!(e, Error::Norm(_)),
+        ),
+    ];
+    for (what, args, ok) in cases {
+        match validate_append(&config, &args) {
+            Err(e) if ok(&e) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // Heads wider than 32 lanes of 16 bytes.
+    let wide = RopeConfig::new(512, 4096).dtype(DType::F32);
+    let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::F32, layout);
+    let mut a = raw_args(None);
+    let (new, cache) = (Layout::bshd(4, 1, 8, 512), Layout::bshd(64, 16, 8, 512));
+    (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 32, 512))), t(2, new), t(3, new));
+    a.cache = RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None };
+    a.norm = Some(RawNorm { kind: NormKind::RmsUnit, eps: 1e-6, q_weight: None, k_weight: None });
+    assert!(matches!(validate_append(&wide, &a), Err(Error::Norm(_))), "{:?}", validate_append(&wide, &a));
+}
+
+/// A bad norm through the launching API: an error, and q and both caches bit-unchanged.
+#[test]
+fn bad_norm_launches_nothing() {
+    let Some(g) = gpu("bad_norm_launches_nothing") else { return };
+    let seed = test_seed("bad_norm_launches_nothing");
+    let (d, hq, hk, tokens) = (128, 4, 2, 3);
+    let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS).dtype(DType::BF16)).unwrap();
+    let conv = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let (q0, kc0) = (conv(uniform_vec(seed, 1, tokens * hq * d)), conv(uniform_vec(seed, 2, 8 * hk * d)));
+    let (mut dq, dk, dv) = (
+        upload_t(&q0),
+        upload_t(&conv(uniform_vec(seed, 3, tokens * hk * d))),
+        upload_t(&conv(uniform_vec(seed, 4, tokens * hk * d))),
+    );
+    let (mut kc, mut vc) = (upload_t(&kc0), upload_t(&kc0));
+    let (pos, slots) = (upload_t(&[1i32, 2, 3]), upload_t(&[0i64, 1, 2]));
+    let short = upload_t(&conv(uniform_vec(seed, 5, d - 2)));
+    let full = upload_t(&conv(uniform_vec(seed, 6, d)));
+    for (what, norm) in [("short weight", QkNorm::rms(&short, &full, EPS)), ("eps 0", QkNorm::rms(&full, &full, 0.0))] {
+        let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(2, 4, hk, d));
+        let mut q = TensorMut::new(&mut dq, Layout::bshd(1, tokens, hq, d));
+        let (k, v) =
+            (Tensor::new(&dk, Layout::bshd(1, tokens, hk, d)), Tensor::new(&dv, Layout::bshd(1, tokens, hk, d)));
+        let args = KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&pos)).q(&mut q).slots(&slots).norm(norm);
+        assert!(rope.append_kv(args, &g.stream).is_err(), "{what}");
+    }
+    g.stream.synchronize().unwrap();
+    let same = |a: &[bf16], b: &[bf16]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same(&download_t(&dq), &q0), "q changed");
+    assert!(same(&download_t(&kc), &kc0) && same(&download_t(&vc), &kc0), "a cache changed");
+}
