@@ -282,7 +282,8 @@ fn bad_norms_are_typed_errors() {
         &raw_args(Some(RawNorm { kind: NormKind::RmsUnit, q_weight: None, k_weight: None, ..good })),
     )
     .unwrap();
-    let cases: Vec<(&str, RawKvArgs, fn(&Error) -> bool)> = vec![
+    type Expect = fn(&Error) -> bool;
+    let cases: Vec<(&str, RawKvArgs, Expect)> = vec![
         ("eps 0", raw_args(Some(RawNorm { eps: 0.0, ..good })), |e| matches!(e, Error::NormEps { .. })),
         ("eps NaN", raw_args(Some(RawNorm { eps: f32::NAN, ..good })), |e| matches!(e, Error::NormEps { .. })),
         ("eps < 0", raw_args(Some(RawNorm { eps: -1e-6, ..good })), |e| matches!(e, Error::NormEps { .. })),
