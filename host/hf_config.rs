@@ -6,7 +6,8 @@
 use serde_json::{Map, Value};
 
 use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
-use crate::error::{ConfigError, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::norm::NormKind;
 use crate::scaling::RopeScaling;
 
 /// `model_type`s whose attention rotates interleaved pairs (GPT-J style), each checked
@@ -379,6 +380,57 @@ impl HfConfig {
             return Ok(Some(512));
         }
         Ok(None)
+    }
+
+    /// The QK-norm layer `layer` applies to q and k before attention, as the fused append
+    /// takes it ([`QkNorm`](crate::QkNorm)): its kind and `eps` (`rms_norm_eps`, default
+    /// 1e-6), or `None` for a model (or layer) without one. By the text model's type: Qwen3,
+    /// Qwen3-MoE, Qwen3-Next and Qwen3-VL's text models normalize each head with a weight
+    /// ([`NormKind::Rms`]), as do models with `use_qk_norm` that transformers builds that way
+    /// (GLM-4.5's `glm4_moe`); Gemma 3 and Gemma 4 with `1 + w` ([`NormKind::RmsOnePlus`]);
+    /// Llama 4 with `use_qk_norm`, on its RoPE layers only, without a weight
+    /// ([`NormKind::RmsUnit`]). OLMo 2 and 3 normalize the whole q and k projections, and
+    /// models with `qk_layernorm` use a LayerNorm: the fused append does not take those
+    /// ([`Error::Norm`](crate::Error::Norm)); neither does `use_qk_norm` on a model type
+    /// whose kind of norm is not known here.
+    ///
+    /// ```
+    /// use rope_cuda::{HfConfig, NormKind};
+    /// let qwen3 = HfConfig::parse(r#"{"model_type": "qwen3", "head_dim": 128, "rms_norm_eps": 1e-6}"#)?;
+    /// assert_eq!(qwen3.qk_norm(0)?, Some((NormKind::Rms, 1e-6)));
+    /// let llama = HfConfig::parse(r#"{"model_type": "llama", "rms_norm_eps": 1e-5}"#)?;
+    /// assert_eq!(llama.qk_norm(0)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn qk_norm(&self, layer: usize) -> Result<Option<(NormKind, f32)>> {
+        let flag = |key: &str| match self.text.get(key) {
+            Some(Value::Bool(b)) => Ok(*b),
+            None | Some(Value::Null) => Ok(false),
+            Some(_) => Err(invalid(key, "expected a boolean")),
+        };
+        let eps = number(&self.text, "rms_norm_eps")?.unwrap_or(1e-6);
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(invalid("rms_norm_eps", "expected a finite number greater than 0").into());
+        }
+        let kind = match self.text_model_type() {
+            "qwen3" | "qwen3_moe" | "qwen3_next" | "qwen3_vl_text" | "qwen3_vl_moe_text" | "qwen3_vl"
+            | "qwen3_vl_moe" => NormKind::Rms,
+            "gemma3" | "gemma3_text" | "gemma4" | "gemma4_text" => NormKind::RmsOnePlus,
+            "llama4" | "llama4_text" if flag("use_qk_norm")? => match self.layer_uses_rope(layer)? {
+                true => NormKind::RmsUnit,
+                false => return Ok(None),
+            },
+            "olmo2" | "olmo3" => {
+                return Err(Error::Norm("OLMo 2 and 3 normalize the whole q and k projections, not each head"));
+            }
+            "glm4_moe" if flag("use_qk_norm")? => NormKind::Rms,
+            _ if flag("qk_layernorm")? => return Err(Error::Norm("qk_layernorm: a LayerNorm, not an RMS norm")),
+            _ if flag("use_qk_norm")? => {
+                return Err(Error::Norm("use_qk_norm: the norm of this model type is not known"))
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some((kind, eps as f32)))
     }
 
     /// The model's RoPE configuration (as [`RopeConfig::from_hf_config`]).

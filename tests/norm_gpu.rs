@@ -372,3 +372,35 @@ fn bad_norm_launches_nothing() {
     assert!(same(&download_t(&dq), &q0), "q changed");
     assert!(same(&download_t(&kc), &kc0) && same(&download_t(&vc), &kc0), "a cache changed");
 }
+
+/// The norms `HfConfig::qk_norm` reads from model configs, and its typed refusals.
+#[test]
+fn hf_configs_give_the_models_norms() {
+    use rope_cuda::HfConfig;
+    let norm = |json: &str, layer: usize| HfConfig::parse(json).unwrap().qk_norm(layer);
+    let qwen3 = r#"{"model_type": "qwen3", "head_dim": 128, "rms_norm_eps": 1e-6}"#;
+    assert_eq!(norm(qwen3, 3).unwrap(), Some((NormKind::Rms, 1e-6)));
+    let vl = r#"{"model_type": "qwen3_vl", "text_config": {"model_type": "qwen3_vl_text", "rms_norm_eps": 1e-5}}"#;
+    assert_eq!(norm(vl, 0).unwrap(), Some((NormKind::Rms, 1e-5)));
+    let gemma = r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "rms_norm_eps": 1e-6}}"#;
+    assert_eq!(norm(gemma, 0).unwrap(), Some((NormKind::RmsOnePlus, 1e-6)));
+    // Llama 4: the norm on its RoPE layers only (every fourth layer has none).
+    let llama4 = r#"{"model_type": "llama4", "text_config": {"model_type": "llama4_text", "use_qk_norm": true,
+        "rms_norm_eps": 1e-5, "num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}}"#;
+    assert_eq!(norm(llama4, 0).unwrap(), Some((NormKind::RmsUnit, 1e-5)));
+    assert_eq!(norm(llama4, 3).unwrap(), None);
+    let llama4_off = r#"{"model_type": "llama4_text", "use_qk_norm": false}"#;
+    assert_eq!(norm(llama4_off, 0).unwrap(), None);
+    let glm = r#"{"model_type": "glm4_moe", "use_qk_norm": true, "rms_norm_eps": 1e-5}"#;
+    assert_eq!(norm(glm, 0).unwrap(), Some((NormKind::Rms, 1e-5)));
+    assert_eq!(norm(r#"{"model_type": "llama", "rms_norm_eps": 1e-5}"#, 0).unwrap(), None);
+    for json in [
+        r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6}"#,
+        r#"{"model_type": "persimmon", "qk_layernorm": true}"#,
+        r#"{"model_type": "somebody_new", "use_qk_norm": true}"#,
+    ] {
+        assert!(matches!(norm(json, 0), Err(Error::Norm(_))), "{json}");
+    }
+    assert!(matches!(norm(r#"{"model_type": "qwen3", "rms_norm_eps": 0}"#, 0), Err(Error::Config(_))));
+    assert!(matches!(norm(r#"{"model_type": "glm4_moe", "use_qk_norm": 1}"#, 0), Err(Error::Config(_))));
+}

@@ -9,8 +9,8 @@ use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, ti
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
-    DType, Direction, Graph, Kernels, KvCache, KvScales, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle,
-    Tensor, TensorMut, F8E4M3,
+    DType, Direction, Graph, Kernels, KvCache, KvScales, Layout, Positions, QkNorm, Rope, RopeArgs, RopeConfig,
+    RopeStyle, Tensor, TensorMut, F8E4M3,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -173,6 +173,21 @@ fn step(
     // Timing rotates q again and again; the values do not matter for speed.
     let runs = 200;
     let op = time_op(stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
+    // The same step with Qwen3's QK-norm (bf16 weights, eps 1e-6) in the launch.
+    let (qw, kw) = (upload(&seeded(19, d))?, upload(&seeded(20, d))?);
+    let mut normed = || {
+        let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+        let mut q = TensorMut::new(&mut dq, ql);
+        rope.append_kv(
+            rope_cuda::KvAppend::new(&Tensor::new(&dk, kl), &Tensor::new(&dv, kl), &mut cache, pos)
+                .q(&mut q)
+                .slots(&dslots)
+                .norm(QkNorm::rms(&qw, &kw, 1e-6)),
+            stream,
+        )
+    };
+    let norm_op = time_op(stream, 20, runs, &mut normed)?;
+    let norm_device = if decode { Some(time_device(kernels, stream, 20, runs, &mut normed)?) } else { None };
     let against = if decode {
         // RoPE on q and k in place, then the append as its own launch (which rotates k once
         // more: the same work as a plain append plus a few FMAs).
@@ -230,6 +245,15 @@ fn step(
             against: Against::Baseline("RoPE, then append", base_device),
             ulps: 0,
         });
+        if let Some(norm_device) = norm_device {
+            extra.push(KvRow {
+                name: "decode + QK-norm, device",
+                what: format!("{shape}, Qwen3 norm"),
+                op: norm_device,
+                against: Against::Baseline("decode step, device", device),
+                ulps: 0,
+            });
+        }
         extra.push(KvRow {
             name: "decode, graph replay",
             what: format!("{shape}, device"),
@@ -315,6 +339,13 @@ fn step(
         let src = upload(&seeded(15, accesses / 2))?;
         let mut dst = upload(&seeded(16, accesses / 2))?;
         let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+        extra.push(KvRow {
+            name: "prefill + QK-norm",
+            what: format!("bf16 {seqs}x{new} tok, Qwen3 norm"),
+            op: norm_op,
+            against: Against::Copy(copy, (2 * accesses) as u64),
+            ulps: 0,
+        });
         Against::Copy(copy, (2 * accesses) as u64)
     };
     let name = if decode { "decode step, eager" } else { "prefill chunk, fused" };
