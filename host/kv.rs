@@ -500,7 +500,7 @@ pub(crate) fn plan_kv(
         Some(_) if spec.tables == TableSource::Caller => {
             return Err(Error::Norm("the reference update (the caller's tables) takes no norm"));
         }
-        Some(n) => Some(norm_view(n, hd)?),
+        Some(n) => Some(norm_view(n, hd, spec.dtype)?),
         None => None,
     };
 

@@ -125,7 +125,7 @@ impl<'a> QkNorm<'a> {
 /// Checks `norm` for heads of `head_dim` elements and makes its view: `eps` finite and
 /// positive, weights where the kind takes them (and only there), each of `head_dim`
 /// elements of one type (f32, f16 or bf16), aligned for it.
-pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize) -> Result<NormView> {
+pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize, inputs: DType) -> Result<NormView> {
     if !(norm.eps.is_finite() && norm.eps > 0.0) {
         return Err(Error::NormEps { eps: norm.eps });
     }
@@ -164,5 +164,7 @@ pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize) -> Result<NormView> {
             value: head_dim as u64,
             limit: u32::MAX as u64,
         })?,
+        // Vector loads where both weights are of the inputs' type and 16-byte aligned.
+        vector: [q, k].iter().flatten().all(|w| w.dtype == inputs && w.ptr % 16 == 0) as u32,
     })
 }

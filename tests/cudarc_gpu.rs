@@ -373,3 +373,71 @@ fn fp8_cache_on_cudarc_buffers() {
         }
     }
 }
+
+/// QK-norm in the append on cudarc buffers (weights lent as cudarc views too): q and the key
+/// rows within one ulp of the f64 norm-then-rotation, values bit for bit.
+#[test]
+fn normed_append_on_cudarc_buffers() {
+    let Some((stream, kernels)) = cudarc_gpu("normed_append_on_cudarc_buffers") else { return };
+    let seed = test_seed("normed_append_on_cudarc_buffers");
+    let (tokens, hq, hk, d, blocks, bs) = (9, 4, 2, 128, 6, 16);
+    let config = RopeConfig::new(d, 1024).dtype(DType::BF16);
+    let (freqs, attention) = config.frequencies().unwrap();
+    let rope = Rope::new(&kernels, config.clone()).unwrap();
+    let PagedStep { q, k, v, kc0, vc0, ids, slots } = PagedStep::draw(seed, (tokens, hq, hk, d), (blocks, bs), 1024);
+    let (qw, kw) = (random_bf16(seed, 30, d), random_bf16(seed, 31, d));
+    let up = |x: &[half::bf16]| stream.clone_htod(&to2(x)).unwrap();
+    let (mut dq, dk, dv, dqw, dkw) = (up(&q), up(&k), up(&v), up(&qw), up(&kw));
+    let (mut dkc, mut dvc) = (up(&kc0), up(&vc0));
+    let (dids, dslots) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&slots).unwrap());
+    {
+        let mut qv = TensorMut::new((&mut dq, &stream), Layout::packed(tokens, hq, d));
+        let (kv, vv) = (
+            Tensor::new((&dk, &stream), Layout::packed(tokens, hk, d)),
+            Tensor::new((&dv, &stream), Layout::packed(tokens, hk, d)),
+        );
+        let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), Layout::bshd(blocks, bs, hk, d));
+        let norm = rope_cuda::QkNorm::rms((&dqw, &stream), (&dkw, &stream), 1e-6);
+        let args = KvAppend::new(&kv, &vv, &mut cache, Positions::ids_i32((&dids, &stream)))
+            .q(&mut qv)
+            .slots((&dslots, &stream))
+            .norm(norm);
+        rope.append_kv(args, &stream).unwrap();
+        rope.check_errors(&stream).unwrap();
+    }
+    let (gq, gkc, gvc) = (
+        from2(&stream.clone_dtoh(&dq).unwrap()),
+        from2(&stream.clone_dtoh(&dkc).unwrap()),
+        from2(&stream.clone_dtoh(&dvc).unwrap()),
+    );
+    let check = |what: &str, got: &[half::bf16], x: &[half::bf16], w: &[half::bf16], pos: i32| {
+        for (h, (g, x)) in got.chunks(d).zip(x.chunks(d)).enumerate() {
+            let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+            let w: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+            let y = rope_cuda::reference::rms_norm_row(&x, Some(&w), 0.0, 1e-6f32 as f64);
+            let y = rope_row_freqs(&y, pos as f64, &freqs, attention, RopeStyle::NeoX, Direction::Forward);
+            for i in 0..d {
+                assert!(g[i].ulps(half::bf16::round(y[i])) <= 1, "{what}: head {h} dim {i}: {:?} vs {}", g[i], y[i]);
+            }
+        }
+    };
+    let mut written = vec![false; blocks * bs];
+    for t in 0..tokens {
+        let qr = t * hq * d..(t + 1) * hq * d;
+        check(&format!("q of token {t}"), &gq[qr.clone()], &q[qr], &qw, ids[t]);
+        if slots[t] < 0 {
+            continue;
+        }
+        let n = slots[t] as usize;
+        written[n] = true;
+        let (cr, kr) = (n * hk * d..(n + 1) * hk * d, t * hk * d..(t + 1) * hk * d);
+        check(&format!("k of token {t}"), &gkc[cr.clone()], &k[kr.clone()], &kw, ids[t]);
+        assert_eq!(&gvc[cr], &v[kr], "v of token {t}");
+    }
+    for (n, w) in written.iter().enumerate() {
+        let r = n * hk * d..(n + 1) * hk * d;
+        if !w {
+            assert_eq!((&gkc[r.clone()], &gvc[r.clone()]), (&kc0[r.clone()], &vc0[r]), "slot {n} changed");
+        }
+    }
+}

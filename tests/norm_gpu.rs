@@ -404,3 +404,53 @@ fn hf_configs_give_the_models_norms() {
     assert!(matches!(norm(r#"{"model_type": "qwen3", "rms_norm_eps": 0}"#, 0), Err(Error::Config(_))));
     assert!(matches!(norm(r#"{"model_type": "glm4_moe", "use_qk_norm": 1}"#, 0), Err(Error::Config(_))));
 }
+
+/// A normed decode step recorded with `Graph::record` and replayed gives the bits of the same
+/// step launched eagerly (fresh inputs each time).
+#[test]
+fn normed_step_replays_from_a_recorded_graph() {
+    let Some(g) = gpu("normed_step_replays_from_a_recorded_graph") else { return };
+    let seed = test_seed("normed_step_replays_from_a_recorded_graph");
+    let (d, hq, hk, tokens) = (128, 8, 2, 4);
+    let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS).dtype(DType::BF16)).unwrap();
+    let conv = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let q0 = conv(heads(seed, 1, tokens * hq * d, d));
+    let (k0, v0) = (conv(heads(seed, 2, tokens * hk * d, d)), conv(uniform_vec(seed, 3, tokens * hk * d)));
+    let c0 = conv(uniform_vec(seed, 4, 4 * 16 * hk * d));
+    let (qw, kw) = (upload_t(&conv(uniform_vec(seed, 5, d))), upload_t(&conv(uniform_vec(seed, 6, d))));
+    let (pos, slots) = (upload_t(&[5i32, 900, 17, 3000]), upload_t(&[3i64, 40, -1, 63]));
+    let (dk, dv) = (upload_t(&k0), upload_t(&v0));
+    let run = |record: bool| {
+        let (mut dq, mut kc, mut vc) = (upload_t(&q0), upload_t(&c0), upload_t(&c0));
+        {
+            let mut step = || {
+                let mut cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 16, hk, d));
+                let mut q = TensorMut::new(&mut dq, Layout::bshd(tokens, 1, hq, d));
+                let (k, v) = (
+                    Tensor::new(&dk, Layout::bshd(tokens, 1, hk, d)),
+                    Tensor::new(&dv, Layout::bshd(tokens, 1, hk, d)),
+                );
+                let args = KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(&pos))
+                    .q(&mut q)
+                    .slots(&slots)
+                    .norm(QkNorm::gemma(&qw, &kw, 1e-6));
+                rope.append_kv(args, &g.stream)
+            };
+            if record {
+                let graph = rope_cuda::Graph::record(step).unwrap();
+                // SAFETY: every buffer the graph names lives past the synchronisation below.
+                unsafe { graph.launch(&g.stream) }.unwrap();
+            } else {
+                step().unwrap();
+            }
+            rope.check_errors(&g.stream).unwrap();
+        }
+        (download_t(&dq), download_t(&kc), download_t(&vc))
+    };
+    let (eager, replayed): ((Vec<bf16>, Vec<bf16>, Vec<bf16>), _) = (run(false), run(true));
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+    assert_eq!(bits(&eager.0), bits(&replayed.0), "q");
+    assert_eq!(bits(&eager.1), bits(&replayed.1), "key cache");
+    assert_eq!(bits(&eager.2), bits(&replayed.2), "value cache");
+    assert_ne!(bits(&eager.0), bits(&q0), "q was not normed and rotated");
+}

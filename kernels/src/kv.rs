@@ -351,7 +351,25 @@ pub(crate) unsafe fn kv_append<
         let sum = group_sum(sum, slots.divisor);
         let mut lane_norm = NormLane { on: is_q || is_k, r: inv_rms(sum, p.norm.dim, p.norm.eps), w: [[1.0; 8]; 2] };
         let which = is_k as usize;
-        if normed && rotating {
+        let base = p.norm.weights[which];
+        if normed && base != 0 && p.norm.vector != 0 {
+            // The weights lie as the head's elements do: the lane's own accesses load them.
+            let at = Rows { src: base as *const u8, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
+            if rotating {
+                // SAFETY: the host checked the weights: `head_dim` elements of the inputs'
+                // type, 16-byte aligned (as any access of `R`).
+                let bits = unsafe { S::load::<R>(&at, 0, lane, half) };
+                crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
+                    let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                    lane_norm.w[0][j] = R::get(&bits[l0], i0) + p.norm.offset;
+                    lane_norm.w[1][j] = R::get(&bits[l1], i1) + p.norm.offset;
+                });
+            } else {
+                // SAFETY: as above, for the copying lane's elements.
+                let bits = unsafe { C::load_raw(at.src(0, copy_at)) };
+                crate::rotate::unrolled(C::E, |i| lane_norm.w[0][i] = C::get(&bits, i) + p.norm.offset);
+            }
+        } else if normed && rotating {
             crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
                 let (d0, d1) = S::pair_dims::<R>(lane, half, j);
                 // SAFETY: the host checked the weights' buffers: `head_dim` elements of

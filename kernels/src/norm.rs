@@ -27,6 +27,10 @@ pub struct NormView {
     pub eps: f32,
     /// Elements of a head (the mean's divisor).
     pub dim: u32,
+    /// 1 where the weights are of the inputs' type and 16-byte aligned: a lane loads its
+    /// weights with its own accesses (the weights lie as a head's elements do); 0: element
+    /// by element.
+    pub vector: u32,
 }
 
 /// `1 / sqrt(sum / dim + eps)` in f32, each operation rounded (IEEE square root and
