@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use rope_cuda_kernels::entries::axes::{
-    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
+    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
 };
 use rope_cuda_kernels::entries::EntryPoint;
 
@@ -64,17 +64,24 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source, into caches of the inputs' type and into
     // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
-    // claim; the FP8 caches' read into each element type.
+    // claim; the FP8 caches' read into each element type; and the QK-norm's (`_n`) at their
+    // widths, with each row kind, source and operand type.
     let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
     let kv = per_width * KV_WIDTHS.len()
         + fp8_per_width * KV_WIDTHS.len()
+        + (per_width + fp8_per_width) * NORM_WIDTHS.len()
         + TYPES.len() * CALLER_WIDTHS.len()
         + 1
         + TYPES.len();
     assert_eq!(named("kv_read_").len(), TYPES.len());
     assert_eq!(named("kv_").len(), kv);
     // FP8 caches: every width.
-    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * KV_WIDTHS.len());
+    let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len();
+    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * fp8_widths);
+    assert_eq!(
+        named("kv_").into_iter().filter(|n| n.ends_with("_n")).count(),
+        (per_width + fp8_per_width) * NORM_WIDTHS.len()
+    );
     // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(named("").len(), rope + kv + 4);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
@@ -148,12 +155,11 @@ fn kernels_have_no_local_memory_or_panics() {
 /// ones run it at 1/64 rate): integer and f32 arithmetic only.
 #[test]
 fn computed_kernels_use_no_fp64() {
-    let computed = named("").into_iter().filter(|n| n.ends_with("_c")).collect::<Vec<_>>();
+    let computed = named("").into_iter().filter(|n| n.ends_with("_c") || n.ends_with("_c_n")).collect::<Vec<_>>();
+    let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len();
     assert_eq!(
         computed.len(),
-        STYLES.len()
-            * ROWS.len()
-            * (TYPES.len() * (ROPE_WIDTHS.len() + KV_WIDTHS.len()) + FP8_TYPES.len() * KV_WIDTHS.len()),
+        STYLES.len() * ROWS.len() * (TYPES.len() * (ROPE_WIDTHS.len() + kv_widths) + FP8_TYPES.len() * kv_widths),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {
