@@ -767,6 +767,11 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// correctly rounded rotation. (Quotients nearer zero than `e` take the exact path, their ends'
 /// signs differing; NaN inputs or scales give NaN either way.)
 ///
+/// With a norm (`norm.on`), each input is first `x r w` ([`NormLane`]): rounded to f32 on the
+/// fast path, and on the exact path kept as `hi + lo`, the `lo` parts' rotation added to the
+/// `hi` parts' exact one, so that the normalized value's rounding adds nothing where the
+/// rotation cancels.
+///
 /// # Safety
 /// `t` was loaded from `p` for `n` pairs, and `reload` may be called (its source is still
 /// unwritten and readable).
