@@ -328,35 +328,11 @@ pub(crate) unsafe fn kv_append<
     // (Not with a norm: its statistic needs the loads before anything returns.)
     let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared && !NORM;
     let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
-    // The norm's weights, where they lie as the head's elements do (of the inputs' type, 16-byte
-    // aligned): the lane's own accesses load their bits now, off the statistic's path.
+    // The norm of q's and k's heads: each lane's sum of squares, summed over its head's lanes
+    // (inside one warp: the host launches the `_n` kernels only where a head's slots are at
+    // most 32), then the lane's weights.
     let normed = item.is_some() && (is_q || is_k);
-    let which = is_k as usize;
-    let vector_weights = NORM && normed && p.norm.weights[which] != 0 && p.norm.vector != 0;
-    let weight_bits = if vector_weights {
-        let at = Rows {
-            src: p.norm.weights[which] as *const u8,
-            dst: core::ptr::null_mut(),
-            src_step: 0,
-            dst_step: 0,
-            count: 1,
-        };
-        // SAFETY: the host checked the weights: `head_dim` elements of the inputs' type,
-        // 16-byte aligned (as any access of `R` and `C`); a lane's elements are the head's.
-        unsafe {
-            match rotating {
-                true => S::load::<R>(&at, 0, lane, half),
-                false => [C::load_raw(at.src(0, copy_at)), [0; 4]],
-            }
-        }
-    } else {
-        [[0; 4]; 2]
-    };
-    // The norm of q's and k's heads (after the position's and slot's loads are issued): each
-    // lane's sum of squares, summed over its head's lanes (inside one warp: the host launches
-    // the `_n` kernels only where a head's slots are at most 32), then the lane's weights.
-    // Every thread of the warp calls it: none has returned.
-    let norm_of = || {
+    let norm = if NORM {
         let mut sum = 0.0f32;
         if normed && rotating {
             crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
@@ -371,17 +347,28 @@ pub(crate) unsafe fn kv_append<
                 sum = crate::math::fma(x, x, sum);
             });
         }
+        // Every thread of the block is here: none has returned yet.
         let sum = group_sum(sum, slots.divisor);
         let mut lane_norm = NormLane { on: is_q || is_k, r: inv_rms(sum, p.norm.dim, p.norm.eps), w: [[1.0; 8]; 2] };
-        let offset = p.norm.offset;
-        if vector_weights && rotating {
-            crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
-                let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
-                lane_norm.w[0][j] = R::get(&weight_bits[l0], i0) + offset;
-                lane_norm.w[1][j] = R::get(&weight_bits[l1], i1) + offset;
-            });
-        } else if vector_weights {
-            crate::rotate::unrolled(C::E, |i| lane_norm.w[0][i] = C::get(&weight_bits[0], i) + offset);
+        let which = is_k as usize;
+        let base = p.norm.weights[which];
+        if normed && base != 0 && p.norm.vector != 0 {
+            // The weights lie as the head's elements do: the lane's own accesses load them.
+            let at = Rows { src: base as *const u8, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
+            if rotating {
+                // SAFETY: the host checked the weights: `head_dim` elements of the inputs'
+                // type, 16-byte aligned (as any access of `R`).
+                let bits = unsafe { S::load::<R>(&at, 0, lane, half) };
+                crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
+                    let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                    lane_norm.w[0][j] = R::get(&bits[l0], i0) + p.norm.offset;
+                    lane_norm.w[1][j] = R::get(&bits[l1], i1) + p.norm.offset;
+                });
+            } else {
+                // SAFETY: as above, for the copying lane's elements.
+                let bits = unsafe { C::load_raw(at.src(0, copy_at)) };
+                crate::rotate::unrolled(C::E, |i| lane_norm.w[0][i] = C::get(&bits, i) + p.norm.offset);
+            }
         } else if normed && rotating {
             crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
                 let (d0, d1) = S::pair_dims::<R>(lane, half, j);
@@ -400,6 +387,8 @@ pub(crate) unsafe fn kv_append<
             });
         }
         lane_norm
+    } else {
+        NormLane::OFF
     };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
@@ -440,12 +429,11 @@ pub(crate) unsafe fn kv_append<
             let start = B::Prologue::start::<P, _, _>(&inputs);
             block_scan::<P, _>(p, loaded, || B::Prologue::fill::<P, _, _>(&inputs, start, false))
         };
-        // (With a norm, every thread goes on to the statistic's shuffles.)
-        if item.is_none() && !NORM {
+        if item.is_none() {
             return;
         }
         // SAFETY: `t` is one of the block's tokens.
-        (rows, item.and_then(|_| unsafe { shared_target(p, &scan, t, !is_q, report) }))
+        (rows, unsafe { shared_target(p, &scan, t, !is_q, report) })
     } else {
         // SAFETY: as above, with the shared memory the host gives the kernels that do not
         // scan; the prologue holds its own barriers.
@@ -453,37 +441,26 @@ pub(crate) unsafe fn kv_append<
             let start = B::Prologue::start::<P, _, _>(&inputs);
             B::Prologue::fill::<P, _, _>(&inputs, start, true)
         };
-        if item.is_none() && !NORM {
+        if item.is_none() {
             return;
         }
         // SAFETY: `t` is a token of the launch; `errors` points at this launch's records.
-        let target = item.and_then(|_| unsafe {
+        let target = unsafe {
             let raw_slot = if is_q { 0 } else { p.cache.raw_slot(t) };
             let raw_pos = P::load(&p.positions, t, b as u32, s as u32);
             match is_q {
                 true => checked(p, t, raw_pos, report.0).map(|pos| (pos, 0)),
                 false => settle(p, t, raw_pos, raw_slot, report),
             }
-        });
+        };
         (rows, target)
-    };
-    let row = B::Prologue::row(block_rows, t);
-    let norm = match NORM {
-        true => {
-            // The table entries' loads first, then the statistic.
-            if let Some((pos, _)) = target.filter(|_| rotating && (B::Prologue::BARRIERS || !shared)) {
-                // SAFETY: as below.
-                entries = unsafe { S::entries::<R, B, P>(lane, P::of(&p.positions, t, pos), table(p, row)) };
-            }
-            norm_of()
-        }
-        false => NormLane::OFF,
     };
     let Some((pos, n)) = target else { return };
     let (first, first_copy) = if late { (load_first(), load_copy()) } else { (first, first_copy) };
     // SAFETY: as computed above.
     unsafe { core::hint::assert_unchecked(count >= 1 && count <= G) };
-    if !NORM && rotating && (B::Prologue::BARRIERS || !shared) {
+    let row = B::Prologue::row(block_rows, t);
+    if rotating && (B::Prologue::BARRIERS || !shared) {
         // Without the scan the caller's table loads overlap the owner check.
         // SAFETY: the positions view admits only rows of the table; `pos` passed its check;
         // the block's rows were filled before a barrier.
