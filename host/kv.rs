@@ -249,8 +249,8 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     /// launch (QK-norm: Qwen3, Gemma 3 and 4, Llama 4, …): the keys written to the cache and
     /// q are normalized and rotated, with one rounding to their type; `k` is read, not
     /// modified. The views must take 8- or 16-byte accesses (aligned addresses and strides,
-    /// as the fast kernels ask) and a head at most 32 lanes of them (head_dim up to 256 in
-    /// f16/bf16 and in f32): otherwise [`Error::Norm`].
+    /// as the fast kernels ask) and a head at most 32 lanes of 16 bytes (head_dim up to 512 in
+    /// f16/bf16, 256 in f32): otherwise [`Error::Norm`].
     pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
         self.norm = Some(norm);
         self
@@ -627,7 +627,7 @@ pub(crate) fn plan_kv(
         }
         if lane_slots(lanes_of(width).2 as u64) > 32 {
             return Err(Error::Norm(
-                "a head takes more than 32 lanes of 16 bytes (head_dim above 256 in f16/bf16, 128 in f32 GPT-J)",
+                "a head takes more than 32 lanes of 16 bytes (head_dim above 512 in f16/bf16, 256 in f32)",
             ));
         }
     }
