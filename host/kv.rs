@@ -631,12 +631,12 @@ pub(crate) fn plan_kv(
             ));
         }
     }
-    let (rot_lanes, cw, _) = lanes_of(width);
+    let (rot_lanes, cw, k_lanes) = lanes_of(width);
     let g = match width {
         KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
         _ => 1,
     };
-    let (k_lanes, v_lanes) = (rot_lanes + (hd - rot) / cw, hd / cw);
+    let v_lanes = hd / cw;
     // q into an FP8 buffer copies its dims past rotary_dim too: k's lanes; as does q
     // normalized in place.
     let q_lanes = if q_fp8.is_some() || norm.is_some() { k_lanes } else { rot_lanes };

@@ -432,11 +432,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn matrix<T: TestElem>(test: &str) {
-    let Some(g) = gpu(test) else { return };
-    let seed = test_seed(test);
-    for (i, c) in cases().into_iter().enumerate() {
-        append_case::<T>(&g, c, seed.wrapping_add(i as u64));
-    }
+    common::each_case(test, cases(), append_case::<T>);
 }
 
 #[test]

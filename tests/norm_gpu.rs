@@ -221,11 +221,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn matrix<T: TestElem>(test: &str) {
-    let Some(g) = gpu(test) else { return };
-    let seed = test_seed(test);
-    for (i, c) in cases().into_iter().enumerate() {
-        norm_case::<T>(&g, c, seed.wrapping_add(i as u64));
-    }
+    common::each_case(test, cases(), norm_case::<T>);
 }
 
 #[test]

@@ -30,6 +30,16 @@ pub fn gpu(test: &str) -> Option<Gpu> {
     Some(Gpu { kernels, stream, _ctx: ctx })
 }
 
+/// Runs `case` for each of `cases` on the GPU, case `i` with `test`'s seed plus `i` (or prints
+/// that `test` skipped): the test matrices' loop.
+pub fn each_case<C>(test: &str, cases: Vec<C>, mut case: impl FnMut(&Gpu, C, u64)) {
+    let Some(g) = gpu(test) else { return };
+    let seed = test_seed(test);
+    for (i, c) in cases.into_iter().enumerate() {
+        case(&g, c, seed.wrapping_add(i as u64));
+    }
+}
+
 /// What finding the GPU gave (cust's, cudarc's or candle's context), or `None` after printing
 /// that `test` skipped; with `ROPE_CUDA_REQUIRE_GPU=1` a missing GPU fails the test instead.
 pub fn or_skip<T, E: std::fmt::Debug>(test: &str, found: Result<T, E>) -> Option<T> {
