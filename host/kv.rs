@@ -1281,8 +1281,12 @@ mod tests {
                 for source in [TableSource::Table, TableSource::Computed] {
                     for mrope in [false, true] {
                         for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                            let key = RopeKey { style, types: RopeTypes::uniform(dtype), width, mrope, source };
+                            let key =
+                                RopeKey { style, types: RopeTypes::uniform(dtype), width, mrope, source, norm: false };
                             assert!(key.entry_point().is_some(), "{key:?}");
+                            // QK-norm: the one-head width, every type.
+                            let normed = RopeKey { norm: true, ..key };
+                            assert_eq!(normed.entry_point().is_some(), width == RopeWidth::Single, "{normed:?}");
                         }
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
                             let key = KvKey {

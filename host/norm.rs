@@ -159,11 +159,8 @@ pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize, inputs: DType) -> Resul
         w_type,
         offset: if norm.kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 },
         eps: norm.eps,
-        dim: u32::try_from(head_dim).map_err(|_| Error::TooLarge {
-            what: "head_dim",
-            value: head_dim as u64,
-            limit: u32::MAX as u64,
-        })?,
+        // The mean's divisor's reciprocal, rounded once to f32.
+        inv_dim: (1.0 / head_dim as f64) as f32,
         // Vector loads where both weights are of the inputs' type and 16-byte aligned.
         vector: [q, k].iter().flatten().all(|w| w.dtype == inputs && w.ptr % 16 == 0) as u32,
     })

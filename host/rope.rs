@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
-use rope_cuda_kernels::params::{groups, heads_per_thread, RopeParams};
+use rope_cuda_kernels::params::{groups, heads_per_thread, lane_slots, RopeParams};
 use rope_cuda_kernels::tuning::ROPE_FEW_THREADS as FEW_THREADS;
 use rope_cuda_kernels::views::{ErrorSink, SourceView};
 
@@ -16,6 +16,8 @@ use crate::launch::{
     check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
     lanes, pairs, positions, staged, vector_fits, Core,
 };
+use crate::layout::Layout;
+use crate::norm::{norm_view, QkNorm, RawWeight};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
 use crate::tensor::{Positions, RawArgs, RawTensor, Tensor, TensorMut};
@@ -185,6 +187,7 @@ impl Rope {
     ///     k_out: None,
     ///     positions: RawPositions::SEQUENTIAL,
     ///     direction: Direction::Forward,
+    ///     norm: None,
     /// };
     /// // SAFETY: `q` is a live allocation of 128 f32 in this context, kept until the stream is
     /// // synchronised below.
@@ -244,6 +247,7 @@ pub struct RopeArgs<'r, 'a> {
     k: Option<Rotated<'r, 'a>>,
     positions: Positions<'a>,
     direction: Direction,
+    norm: Option<QkNorm<'a>>,
 }
 
 /// q or k, and where it goes.
@@ -274,12 +278,12 @@ impl<'a> Rotated<'_, 'a> {
 impl<'r, 'a> RopeArgs<'r, 'a> {
     /// Rotates `q` in place.
     pub fn in_place(q: &'r mut TensorMut<'a>, positions: Positions<'a>) -> Self {
-        RopeArgs { q: Rotated::InPlace(q), k: None, positions, direction: Direction::Forward }
+        RopeArgs { q: Rotated::InPlace(q), k: None, positions, direction: Direction::Forward, norm: None }
     }
 
     /// Writes `q` rotated into `q_out`.
     pub fn into(q: &'r Tensor<'a>, q_out: &'r mut TensorMut<'a>, positions: Positions<'a>) -> Self {
-        RopeArgs { q: Rotated::Into(q, q_out), k: None, positions, direction: Direction::Forward }
+        RopeArgs { q: Rotated::Into(q, q_out), k: None, positions, direction: Direction::Forward, norm: None }
     }
 
     /// Also rotates `k` in place (with q in place).
@@ -300,20 +304,43 @@ impl<'r, 'a> RopeArgs<'r, 'a> {
         self
     }
 
+    /// Normalizes each head of q (and k) with `norm` before the rotation, in the same launch
+    /// (QK-norm without a cache: for prefill engines that write the cache elsewhere, and for
+    /// cross-checks; [`crate::KvAppend::norm`] fuses the cache write too). In place, the dims
+    /// past `rotary_dim` are normalized as well; out of place they are normalized into the
+    /// outputs. Each value is rounded once, to its output's type. The views must take 16-byte
+    /// accesses (aligned addresses and strides) and a head at most 32 lanes (head_dim up to 256
+    /// in f16/bf16 and 128 in f32 with a partial rotation; 512 and 256 fully rotated): otherwise
+    /// [`Error::Norm`]. A q-only call reads only q's weights.
+    pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
+        self.norm = Some(norm);
+        self
+    }
+
     /// The call as device addresses, for [`Rope::apply_raw`] and [`validate`].
     pub fn raw(&self) -> RawArgs {
         let (q, q_out) = self.q.raw();
         let (k, k_out) = self.k.as_ref().map(Rotated::raw).unzip();
         let positions = self.positions.raw();
-        RawArgs { q, q_out, k, k_out: k_out.flatten(), positions, direction: self.direction }
+        let norm = self.norm.as_ref().map(QkNorm::raw);
+        RawArgs { q, q_out, k, k_out: k_out.flatten(), positions, direction: self.direction, norm }
     }
 
     /// Each buffer's name and hold.
-    pub(crate) fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 5] {
+    pub(crate) fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 7] {
         let (q, q_out) = self.q.holds();
         let (k, k_out) = self.k.as_ref().map(Rotated::holds).unzip();
         let positions = Some(&self.positions.hold);
-        [("q", Some(q)), ("q_out", q_out), ("k", k), ("k_out", k_out.flatten()), ("positions", positions)]
+        let weights = self.norm.as_ref().map_or([None; 2], QkNorm::holds);
+        [
+            ("q", Some(q)),
+            ("q_out", q_out),
+            ("k", k),
+            ("k_out", k_out.flatten()),
+            ("positions", positions),
+            ("q norm weight", weights[0]),
+            ("k norm weight", weights[1]),
+        ]
     }
 }
 
@@ -333,6 +360,7 @@ impl<'r, 'a> RopeArgs<'r, 'a> {
 ///     k_out: None,
 ///     positions: RawPositions::SEQUENTIAL,
 ///     direction: Direction::Forward,
+///     norm: None,
 /// };
 /// assert_eq!(validate(&config, &args), Ok(()));
 /// let short = RawArgs { q: RawTensor { len: 100, ..q }, ..args };
@@ -357,13 +385,16 @@ pub(crate) struct Plan {
 
 /// The buffers a RoPE launch on `args` touches, named, with the positions' at `positions`
 /// (0: none), for [`crate::launch::Core::prepare`].
-pub(crate) fn buffers(args: &RawArgs, positions: u64) -> [(&'static str, u64); 5] {
+pub(crate) fn buffers(args: &RawArgs, positions: u64) -> [(&'static str, u64); 7] {
+    let weight = |w: Option<RawWeight>| w.map_or(0, |w| w.ptr);
     [
         ("q", args.q.ptr),
         ("q_out", args.q_out.map_or(0, |t| t.ptr)),
         ("k", args.k.map_or(0, |t| t.ptr)),
         ("k_out", args.k_out.map_or(0, |t| t.ptr)),
         ("positions", positions),
+        ("q norm weight", weight(args.norm.and_then(|n| n.q_weight))),
+        ("k norm weight", weight(args.norm.and_then(|n| n.k_weight))),
     ]
 }
 
@@ -432,6 +463,23 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         }
     }
 
+    let norm = match &args.norm {
+        None => None,
+        Some(n) => {
+            let view = norm_view(n, config.head_dim, config.dtype)?;
+            // The weights are read, never written: nothing an output covers.
+            let weights = [("q norm weight", n.q_weight), ("k norm weight", n.k_weight)];
+            for (what, w) in weights {
+                let Some(w) = w else { continue };
+                let w = RawTensor::new(w.ptr, w.len, w.dtype, Layout::bshd(1, 1, 1, w.len));
+                for op in ops() {
+                    check_disjoint((what, &w), (if in_place { op.name } else { op.out_name }, &op.output))?;
+                }
+            }
+            Some(view)
+        }
+    };
+
     let (batch, seq) = (qs[0], qs[1]);
     let tokens = batch.saturating_mul(seq);
     let positions = positions(&args.positions, batch, seq, config.max_position, config.mrope.is_some())?;
@@ -445,7 +493,19 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     let (rot, hd) = (config.rotary_dim, config.head_dim);
     let vector = vector_fits(config.style, hd, rot, size, ops().flat_map(|op| [&op.input, &op.output]));
     let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
-    let copy_lanes = if in_place { 0 } else { (hd - rot) / copy_width };
+    // In place the dims past rotary_dim stay, unless a norm scales them.
+    let copy_lanes = if in_place && norm.is_none() { 0 } else { (hd - rot) / copy_width };
+    // The normed kernels: one head a thread, its lanes inside one warp.
+    let slots = match norm {
+        None => 0,
+        Some(_) if !vector => {
+            return Err(Error::Norm("the views must take 16-byte accesses (aligned addresses and strides)"));
+        }
+        Some(_) if rot_lanes + copy_lanes > 32 => {
+            return Err(Error::Norm("a head takes more than 32 lanes (head_dim above 256 in f16/bf16, 128 in f32)"));
+        }
+        Some(_) => lane_slots((rot_lanes + copy_lanes) as u64) as u32,
+    };
     let view = |op: &Operand| heads_view(&op.input, Some(&op.output));
     let params = RopeParams {
         q: view(&q),
@@ -463,6 +523,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
             Direction::Inverse => -1.0,
         },
         chunk: 0,
+        slots,
+        norm: norm.unwrap_or_default(),
     };
     let computed = source.source() == TableSource::Computed;
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size, computed);
@@ -474,11 +536,12 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     // of 32/8 heads of 128 in bf16: 20 blocks), and the launch is one thread's latency chain
     // long; one head a thread makes g times the threads and a g times shorter chain.
     let few = params.tokens as u64 * work_per_token(&params, g) < FEW_THREADS;
-    let one = match config.grouping {
-        HeadGrouping::Auto => few || (in_place && shared_lines),
-        HeadGrouping::One => true,
-        HeadGrouping::Several => false,
-    };
+    let one = norm.is_some()
+        || match config.grouping {
+            HeadGrouping::Auto => few || (in_place && shared_lines),
+            HeadGrouping::One => true,
+            HeadGrouping::Several => false,
+        };
     let width = match (vector, g > 1 && one) {
         (false, _) => RopeWidth::Scalar,
         (true, false) => RopeWidth::Vector,
@@ -489,7 +552,16 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     // load (the one-head kernels only; see `ComputedView::with_staged`).
     let params = RopeParams { source: staged(source, few && g == 1), ..params };
     let mrope = config.mrope.is_some();
-    let key = RopeKey { style: config.style, types: params.types(), width, mrope, source: source.source() };
+    // With a norm, one head a thread also where `g` is 1 (`_p`, not `_v`).
+    let width = if norm.is_some() { RopeWidth::Single } else { width };
+    let key = RopeKey {
+        style: config.style,
+        types: params.types(),
+        width,
+        mrope,
+        source: source.source(),
+        norm: norm.is_some(),
+    };
     if key.entry_point().is_none() {
         // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
         let outputs = [("q_out", args.q_out.as_ref()), ("k_out", args.k_out.as_ref())];
@@ -512,7 +584,7 @@ fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
 
 /// Work items (threads) per token of [`RopeParams`]'s mapping at `g` heads per thread.
 fn work_per_token(p: &RopeParams, g: u32) -> u64 {
-    (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * (p.rot_lanes + p.copy_lanes) as u64
+    (groups(p.q.heads, g) as u64 + groups(p.k.heads, g) as u64) * p.group_slots() as u64
 }
 
 #[cfg(test)]
@@ -546,6 +618,7 @@ mod tests {
             k_out: None,
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 3 * BASE, len: 4 },
             direction: Direction::Forward,
+            norm: None,
         };
         (config, args)
     }
@@ -815,7 +888,8 @@ mod tests {
                     let k = RawTensor::new(kptr, len(&ql).max(len(&kl)), DType::BF16, kl);
                     let positions = RawPositions { kind: PositionKind::IdsI64, ptr: 8 * BASE, len: b * s };
                     let dir = Direction::Forward;
-                    let in_place = RawArgs { q, q_out: None, k: Some(k), k_out: None, positions, direction: dir };
+                    let in_place =
+                        RawArgs { q, q_out: None, k: Some(k), k_out: None, positions, direction: dir, norm: None };
                     plan(&config, &in_place).unwrap_or_else(|e| panic!("{ql:?} {kl:?}: {e}"));
                     let (qo, ko) = (RawTensor { ptr: 16 * BASE, ..q }, RawTensor { ptr: 16 * BASE + kptr - BASE, ..k });
                     let oop = RawArgs { q_out: Some(qo), k_out: Some(ko), ..in_place };

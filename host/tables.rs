@@ -74,8 +74,8 @@ impl TableRope {
         stream: &impl Queue,
     ) -> Result<()> {
         let stream = stream.raw(self.kernels())?;
-        let [q, q_out, k, k_out, positions] = args.holds();
-        let holds = [q, q_out, k, k_out, positions, ("cos", Some(&cos.hold)), ("sin", Some(&sin.hold))];
+        let [q, q_out, k, k_out, positions, qw, kw] = args.holds();
+        let holds = [q, q_out, k, k_out, positions, qw, kw, ("cos", Some(&cos.hold)), ("sin", Some(&sin.hold))];
         // SAFETY: each view lends a live buffer of its element type, ordered for work on
         // `stream` (checked) by its borrow and its record, made after the launch is queued; the
         // `Queue` vouches for the stream; `plan_tables` checks the rest.
@@ -122,6 +122,9 @@ pub(crate) fn plan_tables(
     sin: &RawTensor,
     errors: ErrorSink,
 ) -> Result<Option<(Plan, usize)>> {
+    if args.norm.is_some() {
+        return Err(Error::Norm("the caller's tables (TableRope) take no norm"));
+    }
     let [batch, seq, _, head_dim] = args.q.layout.shape;
     let [tb, rows, _, half] = cos.layout.shape;
     for (what, t) in [("cos", cos), ("sin", sin)] {
@@ -206,6 +209,7 @@ mod tests {
             k_out: None,
             positions: RawPositions::SEQUENTIAL,
             direction: Direction::Forward,
+            norm: None,
         };
         let table = Layout::bshd(tb, 8, 1, 32);
         (args, tensor(2 * BASE, table, DType::BF16), tensor(3 * BASE, table, DType::BF16))

@@ -194,7 +194,7 @@ impl RawPositions {
 /// Everything one RoPE launch takes, as device addresses. Each tensor carries its element
 /// type: q's and k's must be the configuration's, and each output's one a kernel writes from
 /// them (so far: the same).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RawArgs {
     /// The queries.
     pub q: RawTensor,
@@ -208,4 +208,6 @@ pub struct RawArgs {
     pub positions: RawPositions,
     /// Forward or inverse rotation.
     pub direction: crate::config::Direction,
+    /// QK-norm of each head of q and k before the rotation ([`crate::RopeArgs::norm`]).
+    pub norm: Option<crate::norm::RawNorm>,
 }

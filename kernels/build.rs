@@ -80,6 +80,10 @@ const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
 /// sources, both position rows and every operand type.
 const NORM_WIDTHS: [usize; 2] = [1, 2];
 
+/// QK-norm before the rotation in the RoPE kernels (`_n`): 16 bytes, one head a thread (`_p`),
+/// with the library's sources, both position rows and every operand type.
+const ROPE_NORM_WIDTHS: [usize; 1] = [2];
+
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
 /// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,
 /// copying lanes' load and store, as the body's generic arguments.
@@ -136,9 +140,16 @@ fn caller_source(i: &str) -> (&'static str, &'static str, String) {
     ("_t", "TableSource::Caller", format!("ElemTable<{}>", elem(i)))
 }
 
-fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source): (&Value, &Value, Source<'_>)) {
+fn rope_row(
+    out: &mut String,
+    style: &Value,
+    types: Types,
+    (width, rows, source): (&Value, &Value, Source<'_>),
+    norm: bool,
+) {
     let (source_name, source_key, source_ty) = source;
-    let name = format!("rope_{}_{}_{}{}{}", style.name, types.0, width.name, rows.name, source_name);
+    let n = if norm { "_n" } else { "" };
+    let name = format!("rope_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source_name);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
         "v" => format!(
@@ -151,7 +162,7 @@ fn rope_row(out: &mut String, style: &Value, types: Types, (width, rows, source)
     };
     writeln!(
         out,
-        "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {} }} [{}, {access}, {}, {}, {g}];",
+        "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {}, norm: {norm} }} [{}, {access}, {}, {}, {g}, {norm}];",
         style.key,
         rope_types(types),
         width.key,
@@ -168,12 +179,18 @@ fn rope_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES {
             for (width, rows, source) in variants(&ROPE_WIDTHS) {
-                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)));
+                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), false);
+            }
+            for (width, rows, source) in ROPE_NORM_WIDTHS
+                .iter()
+                .flat_map(|&w| ROWS.iter().flat_map(move |r| SOURCES.iter().map(move |s| (&ROPE_WIDTHS[w], r, s))))
+            {
+                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), true);
             }
             // The caller's tables (candle's drop-ins), one position row.
             let (name, key, ty) = caller_source(types.1);
             for width in &ROPE_WIDTHS {
-                rope_row(out, style, types, (width, &ROWS[0], (name, key, &ty)));
+                rope_row(out, style, types, (width, &ROWS[0], (name, key, &ty)), false);
             }
         }
     }
@@ -277,6 +294,8 @@ fn main() {
     }
     let caller: Vec<String> = CALLER_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
     writeln!(list, "    /// KV widths with the caller's tables (GPT-J, one position row).\n    pub const CALLER_WIDTHS: &[&str] = &[{}];", caller.join(", ")).unwrap();
+    let norm: Vec<String> = ROPE_NORM_WIDTHS.iter().map(|&w| format!("{:?}", ROPE_WIDTHS[w].name)).collect();
+    writeln!(list, "    /// RoPE widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const ROPE_NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
     let norm: Vec<String> = NORM_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
     writeln!(list, "    /// KV widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
     list += "}\n";

@@ -381,6 +381,7 @@ fn aliasing_q_and_k_is_a_typed_error() {
             k_out,
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: ids.as_device_ptr().as_raw(), len: 4 },
             direction: Direction::Forward,
+            norm: None,
         };
         // SAFETY: every address is inside `buf` or `ids`; the call is refused before launch.
         let e = unsafe { rope.apply_raw(&args, g.stream.as_inner()) };

@@ -25,6 +25,7 @@ fn device_fault_is_a_typed_error_at_the_next_sync() {
         k_out: None,
         positions: RawPositions { kind: PositionKind::IdsI32, ptr: ids.as_device_ptr().as_raw(), len: 64 },
         direction: Direction::Forward,
+        norm: None,
     };
     // SAFETY: deliberately not: `q` is no allocation. The kernel faults on the device; the
     // host must only see errors.

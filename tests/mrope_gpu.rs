@@ -307,6 +307,7 @@ fn mrope_misuse_is_a_typed_error() {
         k_out: None,
         positions: RawPositions { kind, ptr: 9 * BASE, len },
         direction: Direction::Forward,
+        norm: None,
     };
     assert_eq!(validate(&config, &args(PositionKind::StreamsI32, 18)), Ok(()));
     assert!(matches!(validate(&config, &args(PositionKind::IdsI32, 6)), Err(Error::PositionKind { .. })));

@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, TestElem};
+use common::{
+    check_normed as check, download_t, gpu, norm_heads as heads, norm_weights as weights, row_at, test_seed, upload_t,
+    CacheKind, Draw, Gpu, TestElem,
+};
 use half::{bf16, f16};
 use rope_cuda::reference::{rms_norm_row, rope_row, uniform_vec};
 use rope_cuda::{
@@ -34,28 +37,6 @@ struct Case {
     source: CosSin,
     /// Weights in f32 (else in the inputs' type).
     f32_weights: bool,
-}
-
-/// Seeded inputs of `n` elements for heads of `d`: uniform in [-1, 1), with every third
-/// head scaled by 2^-10 (a mean square near `eps`: eps matters there).
-fn heads(seed: u64, tensor: u64, n: usize, d: usize) -> Vec<f32> {
-    let mut x = uniform_vec(seed, tensor, n);
-    for (h, row) in x.chunks_mut(d).enumerate() {
-        if h % 3 == 0 {
-            row.iter_mut().for_each(|v| *v *= 1.0 / 1024.0);
-        }
-    }
-    x
-}
-
-/// The weights of a kind: around 1 for `Rms`, around 0 for `RmsOnePlus`, none for `RmsUnit`.
-fn weights(kind: NormKind, seed: u64, tensor: u64, d: usize) -> Option<Vec<f32>> {
-    let w = uniform_vec(seed, tensor, d);
-    match kind {
-        NormKind::Rms => Some(w.iter().map(|v| 1.0 + 0.5 * v).collect()),
-        NormKind::RmsOnePlus => Some(w.iter().map(|v| 0.5 * v).collect()),
-        _ => None,
-    }
 }
 
 /// One normed append: returns nothing, asserts everything.
@@ -162,27 +143,6 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         }
     }
     check(&q_out, &want_q, &q_host, d, &format!("{what}: q"));
-}
-
-/// Elements with a value: f32 within 1e-5 of it relative to its head's largest, 16-bit within
-/// one ulp of its correct rounding; the rest bit-identical to `before`.
-fn check<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], d: usize, what: &str) {
-    for (r, row) in want.chunks(d).enumerate() {
-        let scale = row.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
-        for (j, w) in row.iter().enumerate() {
-            let i = r * d + j;
-            match w {
-                Some(e) if T::NAME == "f32" => {
-                    let err = (got[i].to_f64() - e).abs();
-                    assert!(err <= 1e-5 * scale, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
-                }
-                Some(e) => {
-                    assert!(got[i].ulps(T::round(*e)) <= 1, "{what}: element {i}: {:?} vs {e}", got[i]);
-                }
-                None => assert_eq!(got[i].bits(), before[i].bits(), "{what}: element {i} changed"),
-            }
-        }
-    }
 }
 
 fn cases() -> Vec<Case> {

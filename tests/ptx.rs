@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use rope_cuda_kernels::entries::axes::{
-    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
+    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
 };
 use rope_cuda_kernels::entries::EntryPoint;
 
@@ -56,10 +56,13 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
     // The counts are the products of the axes the list is generated from.
     let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
-    // RoPE by the caller's tables (`_t`): each style and type, one row kind, every width.
+    // RoPE by the caller's tables (`_t`): each style and type, one row kind, every width; and
+    // the QK-norm's (`_n`) at their widths (all 16-byte), with each row kind and source.
     let caller = STYLES.len() * TYPES.len();
-    let rope = (per_width + caller) * ROPE_WIDTHS.len();
-    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1));
+    let normed = per_width * ROPE_NORM_WIDTHS.len();
+    let rope = (per_width + caller) * ROPE_WIDTHS.len() + normed;
+    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1) + normed);
+    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_n")).count(), normed);
     assert_eq!(named("rope_").len(), rope);
     assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source, into caches of the inputs' type and into
@@ -159,7 +162,9 @@ fn computed_kernels_use_no_fp64() {
     let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len();
     assert_eq!(
         computed.len(),
-        STYLES.len() * ROWS.len() * (TYPES.len() * (ROPE_WIDTHS.len() + kv_widths) + FP8_TYPES.len() * kv_widths),
+        STYLES.len()
+            * ROWS.len()
+            * (TYPES.len() * (ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + kv_widths) + FP8_TYPES.len() * kv_widths),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {

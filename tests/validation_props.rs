@@ -151,6 +151,7 @@ fn args(d: usize, bases: [u64; 4]) -> impl Strategy<Value = RawArgs> {
                     k_out: (!in_place && k.is_some() != odd).then_some(k_out),
                     positions: RawPositions { kind, ptr: (1 << 40) + misalign, len },
                     direction: Direction::Forward,
+                    norm: None,
                 })
         },
     )
@@ -215,6 +216,7 @@ fn model_rejects_known_bad_arguments() {
         k_out: None,
         positions: pos,
         direction: Direction::Forward,
+        norm: None,
     };
     assert!(model(&config, &good) && validate(&config, &good).is_ok());
     let short = RawArgs { q: t(1 << 20, 31, Layout::bshd(1, 2, 2, 8)), ..good };

@@ -206,6 +206,19 @@ fn step(
         let base_device = time_device(kernels, stream, 20, runs, &mut baseline)?;
         // Back to back, 20 per timed run: the device's time per step when the host keeps up.
         let batched_base = time_batched(stream, 20, 50, 20, &mut baseline)?;
+        // The normed step as two launches of this crate: QK-norm + RoPE on q and k in place
+        // (no cache), then the append of the normed keys.
+        let mut dk3 = upload(&kh)?;
+        let two_normed = time_device(kernels, stream, 20, runs, || {
+            let mut q = TensorMut::new(&mut dq, ql);
+            let mut k = TensorMut::new(&mut dk3, kl);
+            rope.apply(RopeArgs::in_place(&mut q, pos).k(&mut k).norm(QkNorm::rms(&qw, &kw, 1e-6)), stream)?;
+            let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
+            rope.append_kv(
+                rope_cuda::KvAppend::new(&Tensor::new(&dk3, kl), &Tensor::new(&dv, kl), &mut cache, pos).slots(&dslots),
+                stream,
+            )
+        })?;
         let mut dk2 = upload(&kh)?;
         let rope_alone = time_device(kernels, stream, 20, runs, || {
             let mut q = TensorMut::new(&mut dq, ql);
@@ -251,6 +264,13 @@ fn step(
                 what: format!("{shape}, Qwen3 norm"),
                 op: norm_device,
                 against: Against::Baseline("decode step, device", device),
+                ulps: 0,
+            });
+            extra.push(KvRow {
+                name: "decode + QK-norm, device",
+                what: format!("{shape}, Qwen3 norm"),
+                op: norm_device,
+                against: Against::Baseline("norm+RoPE, then append", two_normed),
                 ulps: 0,
             });
         }
@@ -344,6 +364,23 @@ fn step(
             what: format!("bf16 {seqs}x{new} tok, Qwen3 norm"),
             op: norm_op,
             against: Against::Copy(copy, (2 * accesses) as u64),
+            ulps: 0,
+        });
+        // QK-norm + RoPE alone, q and k in place (no cache): q and k read and written.
+        let mut dk3 = upload(&kh)?;
+        let rope_norm = time_op(stream, 20, runs, || {
+            let mut q = TensorMut::new(&mut dq, ql);
+            let mut k = TensorMut::new(&mut dk3, kl);
+            rope.apply(RopeArgs::in_place(&mut q, pos).k(&mut k).norm(QkNorm::rms(&qw, &kw, 1e-6)), stream)
+        })?;
+        let qk = tokens * (hq + hk) * d;
+        let (src, mut dst) = (upload(&seeded(15, qk))?, upload(&seeded(16, qk))?);
+        let copy_qk = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+        extra.push(KvRow {
+            name: "QK-norm + RoPE, no cache",
+            what: format!("bf16 {seqs}x{new} tok, in place, Qwen3 norm"),
+            op: rope_norm,
+            against: Against::Copy(copy_qk, (4 * qk) as u64),
             ulps: 0,
         });
         Against::Copy(copy, (2 * accesses) as u64)

@@ -134,7 +134,7 @@ pub enum TableSource {
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c]`), parameters
+/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c][_n]`), parameters
 /// [`crate::params::RopeParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
@@ -148,6 +148,8 @@ pub struct RopeKey {
     pub mrope: bool,
     /// The library's table or computed cos and sin (never the caller's).
     pub source: TableSource,
+    /// QK-norm of each head before the rotation (`_n`; width `_p` only).
+    pub norm: bool,
 }
 
 /// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c][_n]`), parameters

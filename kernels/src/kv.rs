@@ -5,7 +5,7 @@
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
-use crate::norm::{group_sum, inv_rms, weight, NormLane};
+use crate::norm::{LaneAt, NormLane};
 use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
@@ -328,67 +328,26 @@ pub(crate) unsafe fn kv_append<
     // (Not with a norm: its statistic needs the loads before anything returns.)
     let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared && !NORM;
     let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
-    // The norm of q's and k's heads: each lane's sum of squares, summed over its head's lanes
-    // (inside one warp: the host launches the `_n` kernels only where a head's slots are at
-    // most 32), then the lane's weights.
-    let normed = item.is_some() && (is_q || is_k);
-    let norm = if NORM {
-        let mut sum = 0.0f32;
-        if normed && rotating {
-            crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
-                let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
-                let (a, b) = (R::get(&first[l0], i0), R::get(&first[l1], i1));
-                sum = crate::math::fma(a, a, sum);
-                sum = crate::math::fma(b, b, sum);
-            });
-        } else if normed {
-            crate::rotate::unrolled(C::E, |i| {
-                let x = C::get(&first_copy, i);
-                sum = crate::math::fma(x, x, sum);
-            });
-        }
-        // Every thread of the block is here: none has returned yet.
-        let sum = group_sum(sum, slots.divisor);
-        let mut lane_norm = NormLane { on: is_q || is_k, r: inv_rms(sum, p.norm.dim, p.norm.eps), w: [[1.0; 8]; 2] };
-        let which = is_k as usize;
-        let base = p.norm.weights[which];
-        if normed && base != 0 && p.norm.vector != 0 {
-            // The weights lie as the head's elements do: the lane's own accesses load them.
-            let at = Rows { src: base as *const u8, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
-            if rotating {
-                // SAFETY: the host checked the weights: `head_dim` elements of the inputs'
-                // type, 16-byte aligned (as any access of `R`).
-                let bits = unsafe { S::load::<R>(&at, 0, lane, half) };
-                crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
-                    let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
-                    lane_norm.w[0][j] = R::get(&bits[l0], i0) + p.norm.offset;
-                    lane_norm.w[1][j] = R::get(&bits[l1], i1) + p.norm.offset;
-                });
-            } else {
-                // SAFETY: as above, for the copying lane's elements.
-                let bits = unsafe { C::load_raw(at.src(0, copy_at)) };
-                crate::rotate::unrolled(C::E, |i| lane_norm.w[0][i] = C::get(&bits, i) + p.norm.offset);
-            }
-        } else if normed && rotating {
-            crate::rotate::unrolled(S::lane_pairs::<R>(), |j| {
-                let (d0, d1) = S::pair_dims::<R>(lane, half, j);
-                // SAFETY: the host checked the weights' buffers: `head_dim` elements of
-                // their type, aligned; `d0` and `d1` are dims of the head.
-                unsafe {
-                    lane_norm.w[0][j] = weight(&p.norm, which, d0);
-                    lane_norm.w[1][j] = weight(&p.norm, which, d1);
-                }
-            });
-        } else if normed {
-            let d = copy_at / C::SIZE;
-            crate::rotate::unrolled(C::E, |i| {
-                // SAFETY: as above: the copying lane's dims are the head's.
-                lane_norm.w[0][i] = unsafe { weight(&p.norm, which, d + i) };
-            });
-        }
-        lane_norm
-    } else {
-        NormLane::OFF
+    // The norm of q's and k's heads: the lane's weights now, with its inputs; the statistic
+    // once the position's and slot's loads are issued or the scan has settled them (every
+    // thread of the block stays until then: the `_n` kernels' heads lie inside one warp, whose
+    // every lane takes part).
+    let normed = NORM && item.is_some() && (is_q || is_k);
+    let norm_at = LaneAt { rotating, lane, half, copy_at };
+    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type, 16-byte
+    // aligned where `vector`); `lane` is a lane of the launch's geometry.
+    let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, normed, norm_at) };
+    // SAFETY: every thread of the block calls it at once (one of two call sites runs).
+    let norm_of = || unsafe {
+        NormLane::of::<S, R, C>(
+            &p.norm,
+            is_k as usize,
+            normed,
+            norm_at,
+            (&first, &first_copy),
+            norm_bits,
+            slots.divisor,
+        )
     };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.
@@ -406,7 +365,7 @@ pub(crate) unsafe fn kv_append<
         base: core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>(),
         layout: |view: &ComputedView| p.shared(block_dim().0, shared, Some(view)),
     };
-    let (block_rows, target) = if shared {
+    let (block_rows, target, norm) = if shared {
         // The scan's loads first; then the prologue between the scan's barriers (or, from the
         // caller's tables, the rotating items' entries before the scan).
         // SAFETY: the host checked the positions' and slot mapping's lengths.
@@ -429,11 +388,13 @@ pub(crate) unsafe fn kv_append<
             let start = B::Prologue::start::<P, _, _>(&inputs);
             block_scan::<P, _>(p, loaded, || B::Prologue::fill::<P, _, _>(&inputs, start, false))
         };
+        // Every thread of the block is here.
+        let norm = if NORM { norm_of() } else { NormLane::OFF };
         if item.is_none() {
             return;
         }
         // SAFETY: `t` is one of the block's tokens.
-        (rows, unsafe { shared_target(p, &scan, t, !is_q, report) })
+        (rows, unsafe { shared_target(p, &scan, t, !is_q, report) }, norm)
     } else {
         // SAFETY: as above, with the shared memory the host gives the kernels that do not
         // scan; the prologue holds its own barriers.
@@ -441,19 +402,26 @@ pub(crate) unsafe fn kv_append<
             let start = B::Prologue::start::<P, _, _>(&inputs);
             B::Prologue::fill::<P, _, _>(&inputs, start, true)
         };
-        if item.is_none() {
+        if !NORM && item.is_none() {
             return;
         }
-        // SAFETY: `t` is a token of the launch; `errors` points at this launch's records.
-        let target = unsafe {
+        // The position's and slot's loads, then the norm's statistic while they are in flight
+        // (every thread of the block is here), then their checks.
+        // SAFETY: `t` is a token of the launch.
+        let raw = item.map(|_| unsafe {
             let raw_slot = if is_q { 0 } else { p.cache.raw_slot(t) };
-            let raw_pos = P::load(&p.positions, t, b as u32, s as u32);
+            (raw_slot, P::load(&p.positions, t, b as u32, s as u32))
+        });
+        let norm = if NORM { norm_of() } else { NormLane::OFF };
+        let Some((raw_slot, raw_pos)) = raw else { return };
+        // SAFETY: `errors` points at this launch's records.
+        let target = unsafe {
             match is_q {
                 true => checked(p, t, raw_pos, report.0).map(|pos| (pos, 0)),
                 false => settle(p, t, raw_pos, raw_slot, report),
             }
         };
-        (rows, target)
+        (rows, target, norm)
     };
     let Some((pos, n)) = target else { return };
     let (first, first_copy) = if late { (load_first(), load_copy()) } else { (first, first_copy) };

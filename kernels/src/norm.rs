@@ -5,11 +5,21 @@
 //! rotated or copied.
 //!
 //! A head `x` of `dim` elements becomes `x_i * r * w_i`, `r = 1 / sqrt(sum(x^2) / dim + eps)`
-//! in f32 (the sum in f32, as transformers computes it), `w_i` the norm's weight (plus
-//! `offset`: Gemma's `1 + w`), or 1 without a weight; the product is not rounded to the
-//! input's type before the rotation (one rounding, at the store).
+//! in f32 (the sum in f32, as transformers computes it; the reciprocal square root within
+//! 2 ulps of f32, see [`inv_rms`]), `w_i` the norm's weight (plus `offset`: Gemma's `1 + w`),
+//! or 1 without a weight; the product is not rounded to the input's type before the rotation
+//! (one rounding, at the store).
+//!
+//! A lane's weights are loaded with its inputs ([`NormLane::load`]) and its head's statistic
+//! taken later ([`NormLane::of`]), once the position's and slot's loads are on their way: the
+//! norm's arithmetic then runs while they are in flight.
 
 use crate::keys::DType;
+#[cfg(target_arch = "nvptx64")]
+use crate::{
+    gpu::{Bits, Io},
+    rotate::{unrolled, Rows, Style},
+};
 
 /// The norm of a fused launch: q's and k's weights, their type, the offset added to each
 /// weight, `eps`, and the number of elements the mean divides by.
@@ -25,36 +35,48 @@ pub struct NormView {
     pub offset: f32,
     /// Added to the mean of the squares (positive, finite).
     pub eps: f32,
-    /// Elements of a head (the mean's divisor).
-    pub dim: u32,
+    /// `1 / dim` in f32 (`dim`: the elements of a head, the mean's divisor).
+    pub inv_dim: f32,
     /// 1 where the weights are of the inputs' type and 16-byte aligned: a lane loads its
     /// weights with its own accesses (the weights lie as a head's elements do); 0: element
     /// by element.
     pub vector: u32,
 }
 
-/// `1 / sqrt(sum / dim + eps)` in f32, each operation rounded (IEEE square root and
-/// division): the factor of every element of a head whose squares sum to `sum`.
+/// `1 / sqrt(sum * inv_dim + eps)` in f32, without calls or branches: the mean plus `eps` in
+/// one FMA, the hardware's reciprocal square root, then one Newton step (within 2 ulps of the
+/// correctly rounded value; 0 where the sum of squares overflowed, as transformers' f32
+/// `rsqrt` gives). The f64 references of the tests hold the outputs within 1 ulp of the
+/// exact norm and rotation.
 #[inline(always)]
-pub fn inv_rms(sum: f32, dim: u32, eps: f32) -> f32 {
-    1.0 / sqrt(sum / dim as f32 + eps)
+pub fn inv_rms(sum: f32, inv_dim: f32, eps: f32) -> f32 {
+    let x = crate::math::fma(sum, inv_dim, eps);
+    let y = rsqrt_approx(x);
+    // y (1 + (1 - x y^2) / 2): the product x y first keeps x y^2 from overflowing.
+    let e = crate::math::fma(-(x * y), y, 1.0);
+    let r = crate::math::fma(0.5 * y, e, y);
+    if x == f32::INFINITY {
+        0.0
+    } else {
+        r
+    }
 }
 
-/// The IEEE square root of `x`.
+/// The hardware's approximate reciprocal square root (subnormal inputs kept).
 #[inline(always)]
-fn sqrt(x: f32) -> f32 {
+fn rsqrt_approx(x: f32) -> f32 {
     #[cfg(target_arch = "nvptx64")]
     {
         let r: f32;
         // SAFETY: a register-only instruction.
         unsafe {
-            core::arch::asm!("sqrt.rn.f32 {}, {};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack));
+            core::arch::asm!("rsqrt.approx.f32 {}, {};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack));
         }
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        x.sqrt()
+        1.0 / x.sqrt()
     }
 }
 
@@ -127,6 +149,113 @@ impl NormLane {
         let q = p * w;
         let qe = crate::math::fma(p, w, -q);
         (q, crate::math::fma(pe, w, qe))
+    }
+}
+
+/// Where a lane's elements lie in its head: rotating (with the style's pairs), or copying the
+/// elements at byte `copy_at` of the row.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+pub(crate) struct LaneAt {
+    pub rotating: bool,
+    pub lane: usize,
+    pub half: usize,
+    pub copy_at: usize,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl NormLane {
+    /// The bits of the lane's weights for q (`which == 0`) or k (1), loaded with the lane's
+    /// own accesses where the view says they lie as a head's elements do (`vector`); zeros
+    /// otherwise (`on` false, no weights, or element by element: [`NormLane::of`] loads them).
+    /// Issued with the inputs' loads, so that the statistic does not wait on them.
+    ///
+    /// # Safety
+    /// Where `on`, the weights' buffers hold `head_dim` elements as the host checked them
+    /// (16-byte aligned where `vector`), and `at` is a lane of the launch's geometry.
+    #[inline(always)]
+    pub unsafe fn load<S: Style, R: Io, C: Io>(view: &NormView, which: usize, on: bool, at: LaneAt) -> [Bits; 2] {
+        let base = view.weights[which];
+        if !on || base == 0 || view.vector == 0 {
+            return [[0; 4]; 2];
+        }
+        let rows = Rows { src: base as *const u8, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
+        // SAFETY: the caller's contract: the weights lie as a head's elements, aligned as the
+        // inputs' accesses.
+        unsafe {
+            match at.rotating {
+                true => S::load::<R>(&rows, 0, at.lane, at.half),
+                false => [C::load_raw(rows.src(0, at.copy_at)), [0; 4]],
+            }
+        }
+    }
+
+    /// The lane's norm, given its head's data (`first` for a rotating lane, `first_copy` for a
+    /// copying one) and its weights' bits from [`NormLane::load`]: the squares of the lane's
+    /// elements summed over its group of `slots` lanes ([`group_sum`]), the factor `r`
+    /// ([`inv_rms`]), and the lane's weights plus the offset. Lanes not `on` add nothing and
+    /// get [`NormLane::OFF`]'s values.
+    ///
+    /// # Safety
+    /// Every lane of the warp calls it at once (the shuffles); `on` lanes as
+    /// [`NormLane::load`]'s contract.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn of<S: Style, R: Io, C: Io>(
+        view: &NormView,
+        which: usize,
+        on: bool,
+        at: LaneAt,
+        (first, first_copy): (&[Bits; 2], &Bits),
+        bits: [Bits; 2],
+        slots: u32,
+    ) -> NormLane {
+        let mut sum = 0.0f32;
+        if on && at.rotating {
+            unrolled(S::lane_pairs::<R>(), |j| {
+                let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                let (a, b) = (R::get(&first[l0], i0), R::get(&first[l1], i1));
+                sum = crate::math::fma(a, a, sum);
+                sum = crate::math::fma(b, b, sum);
+            });
+        } else if on {
+            unrolled(C::E, |i| {
+                let x = C::get(first_copy, i);
+                sum = crate::math::fma(x, x, sum);
+            });
+        }
+        // The caller's contract: every lane of the warp is here.
+        let sum = group_sum(sum, slots);
+        let mut norm = NormLane { on, r: inv_rms(sum, view.inv_dim, view.eps), w: [[1.0; 8]; 2] };
+        let base = view.weights[which];
+        if on && base != 0 && view.vector != 0 {
+            if at.rotating {
+                unrolled(S::lane_pairs::<R>(), |j| {
+                    let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                    norm.w[0][j] = R::get(&bits[l0], i0) + view.offset;
+                    norm.w[1][j] = R::get(&bits[l1], i1) + view.offset;
+                });
+            } else {
+                unrolled(C::E, |i| norm.w[0][i] = C::get(&bits[0], i) + view.offset);
+            }
+        } else if on && at.rotating {
+            unrolled(S::lane_pairs::<R>(), |j| {
+                let (d0, d1) = S::pair_dims::<R>(at.lane, at.half, j);
+                // SAFETY: the caller's contract: `d0` and `d1` are dims of the head, inside the
+                // weights' buffers.
+                unsafe {
+                    norm.w[0][j] = weight(view, which, d0);
+                    norm.w[1][j] = weight(view, which, d1);
+                }
+            });
+        } else if on {
+            let d = at.copy_at / C::SIZE;
+            unrolled(C::E, |i| {
+                // SAFETY: as above: the copying lane's dims are the head's.
+                norm.w[0][i] = unsafe { weight(view, which, d + i) };
+            });
+        }
+        norm
     }
 }
 

@@ -167,15 +167,18 @@ pub fn groups(heads: u32, g: u32) -> u32 {
     heads.div_ceil(g)
 }
 
-/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{s,v,p}[_m][_c]` (the
-/// products of [`crate::entries::axes`]).
+/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{s,v,p}[_m][_c]`, and their
+/// QK-norm twins `…_p[_m][_c]_n` (each head of q and k normalized first, [`NormView`]; in place
+/// too, the dims past `rotary_dim` then taken by copying lanes), the products of
+/// [`crate::entries::axes`].
 ///
 /// Thread mapping ([`work_item`]): one-dimensional blocks walk the (token, work item) pairs in
 /// order, `work = (q_groups + k_groups) * lanes` items per token, `chunk` tokens per row of
 /// the grid (`blockIdx.y`), so that indices stay 32-bit; token `t` is batch `t / seq`,
 /// sequence index `t % seq`. `lanes = rot_lanes + copy_lanes`, and the heads of q, then of k,
-/// are taken in groups of `G` ([`heads_per_thread`]): item `w` is group `w / lanes`, lane
-/// `w % lanes`. With a power of two of lanes up to 32 (head dims 64, 128, 256) each group
+/// are taken in groups of `G` ([`heads_per_thread`]): item `w` is group `w / slots`, lane
+/// `w % slots` ([`RopeParams::group_slots`]: `lanes`, or for the `_n` kernels [`lane_slots`]
+/// of them, the slots past `lanes` idle). With a power of two of lanes up to 32 (head dims 64, 128, 256) each group
 /// lies inside one warp; others may straddle two (the KV kernels' mapping, [`kv_segments`],
 /// keeps every group in one warp; measured on RoPE's own, it cost 1 to 1.7 points of copy
 /// bandwidth on the bf16 rows). A thread loads its lane's table entries once and applies them to each head of
@@ -212,6 +215,12 @@ pub struct RopeParams {
     pub sin_sign: f32,
     /// Tokens per row of the grid (see [`work_item`]).
     pub chunk: u32,
+    /// Items a head group takes in the mapping: 0 for `rot_lanes + copy_lanes` (no idle
+    /// slots); the QK-norm kernels (`_n`) take [`lane_slots`] of them, so that each group lies
+    /// inside one warp (its lanes sum their squares with the warp's shuffles).
+    pub slots: u32,
+    /// The QK-norm of the `_n` kernels (ignored by the others).
+    pub norm: NormView,
 }
 
 /// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}[_fp8]_{s,d,p,v}[_m][_c]`
@@ -355,10 +364,20 @@ impl RopeParams {
     }
 
     /// The work items per token of the mapping at `g` heads per thread: `(q_groups +
-    /// k_groups) * (rot_lanes + copy_lanes)`.
+    /// k_groups) * slots` ([`RopeParams::group_slots`]).
     #[inline(always)]
     pub fn work(&self, g: u32) -> u32 {
-        (groups(self.q.heads, g) + groups(self.k.heads, g)) * (self.rot_lanes + self.copy_lanes)
+        (groups(self.q.heads, g) + groups(self.k.heads, g)) * self.group_slots()
+    }
+
+    /// The items a head group takes: `slots`, or without it `rot_lanes + copy_lanes`.
+    #[inline(always)]
+    pub fn group_slots(&self) -> u32 {
+        if self.slots == 0 {
+            self.rot_lanes + self.copy_lanes
+        } else {
+            self.slots
+        }
     }
 
     /// The dynamic shared memory of a launch with blocks of `block_threads` and `work` items

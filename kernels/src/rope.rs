@@ -2,6 +2,7 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
+use crate::norm::{LaneAt, NormLane};
 use crate::params::{block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockInputs, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
@@ -22,28 +23,44 @@ use crate::views::ComputedView;
 /// a prologue's barriers ([`Prologue::BARRIERS`]), that the launch has [`RopeParams::shared`]
 /// of dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: PairRows, const G: usize>(
+pub(crate) unsafe fn rope<
+    S: Style,
+    R: Io,
+    W: Io,
+    C: Io,
+    D: Io,
+    B: Source,
+    P: PairRows,
+    const G: usize,
+    const NORM: bool,
+>(
     p: &RopeParams,
 ) {
     const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
     let lanes = p.rot_lanes + p.copy_lanes;
+    // The normed kernels' groups take a power of two of slots (inside one warp).
+    let slots = if NORM { p.slots } else { lanes };
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
-    let items = (gq + gk) * lanes;
+    let items = (gq + gk) * slots;
     // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
     unsafe {
         core::hint::assert_unchecked(lanes != 0);
+        core::hint::assert_unchecked(slots >= lanes);
         core::hint::assert_unchecked(gq + gk != 0);
         core::hint::assert_unchecked(items != 0);
         core::hint::assert_unchecked(p.seq != 0);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
-    if !B::Prologue::BARRIERS && item.is_none() {
+    // (With a norm, every thread stays for the statistic's shuffles.)
+    if !NORM && !B::Prologue::BARRIERS && item.is_none() {
         return;
     }
     // Threads past the end still take part in the block's prologue.
     let (token, work) = item.unwrap_or((0, 0));
     let (b, s) = (token / p.seq, token % p.seq);
-    let (group, lane) = (work / lanes, work % lanes);
+    let (group, lane) = (work / slots, work % slots);
+    // Idle: a slot past its group's lanes.
+    let item = item.filter(|_| lane < lanes);
     let (view, h0, heads) =
         if group < gq { (&p.q, group * G as u32, p.q.heads) } else { (&p.k, (group - gq) * G as u32, p.k.heads) };
     let (b, s, h0) = (b as u64, s as u64, h0 as u64);
@@ -97,12 +114,28 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         let start = B::Prologue::start::<P, _, _>(&inputs);
         B::Prologue::fill::<P, _, _>(&inputs, start, true)
     };
-    if item.is_none() {
+    if !NORM && item.is_none() {
         return;
     }
     let (first, first_copy) = if early { (first, first_copy) } else { (load_first(), load_copy()) };
+    let is_k = group >= gq;
+    let norm_at = LaneAt { rotating, lane: lane as usize, half: half as usize, copy_at };
+    // The lane's norm weights with its inputs.
+    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type, 16-byte
+    // aligned where `vector`); `lane` is a lane of the launch's geometry.
+    let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, NORM && item.is_some(), norm_at) };
     // SAFETY: the positions buffer holds every token's entry.
-    let raw = unsafe { P::load(&p.positions, token, b as u32, s as u32) };
+    let raw = item.map(|_| unsafe { P::load(&p.positions, token, b as u32, s as u32) });
+    // The statistic while the position is in flight: every thread of the block is here.
+    let norm = match NORM {
+        // SAFETY: as above; every lane of the warp calls it.
+        true => unsafe {
+            let data = (&first, &first_copy);
+            NormLane::of::<S, R, C>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
+        },
+        false => NormLane::OFF,
+    };
+    let Some(raw) = raw else { return };
     let Some(pos) = p.positions.check(raw) else {
         // Skip the token; one thread per token reports it.
         if work == 0 {
@@ -118,11 +151,11 @@ pub(crate) unsafe fn rope<S: Style, R: Io, W: Io, C: Io, D: Io, B: Source, P: Pa
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, Quant::NONE)
+            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, (Quant::NONE, &norm))
         };
     } else {
-        // Dims past rotary_dim, out of place: copy the bits.
-        // SAFETY: as above; the output rows overlap nothing else.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, &crate::norm::NormLane::OFF) };
+        // Dims past rotary_dim: copied (out of place), or normalized (in place too).
+        // SAFETY: as above; the output rows overlap nothing else (or are the input's own).
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, &norm) };
     }
 }

@@ -1065,12 +1065,12 @@ pub(crate) trait Style {
         lane: usize,
         at: P,
         p: Table<'_>,
-        quant: Quant,
+        (quant, norm): (Quant, &NormLane),
     ) {
         // SAFETY: the caller's contract.
         unsafe {
             let t = Self::entries::<R, B, P>(lane, at, p);
-            Self::apply::<R, W, B, P>(rows, first, lane, &t, p, quant, &NormLane::OFF)
+            Self::apply::<R, W, B, P>(rows, first, lane, &t, p, quant, norm)
         }
     }
 }

@@ -405,3 +405,48 @@ impl PagedStep {
         }
     }
 }
+
+// QK-norm tests' inputs and checks.
+
+/// Seeded inputs of `n` elements for heads of `d`: uniform in [-1, 1), with every third
+/// head scaled by 2^-10 (a mean square near `eps`: eps matters there).
+pub fn norm_heads(seed: u64, tensor: u64, n: usize, d: usize) -> Vec<f32> {
+    let mut x = rope_cuda::reference::uniform_vec(seed, tensor, n);
+    for (h, row) in x.chunks_mut(d).enumerate() {
+        if h % 3 == 0 {
+            row.iter_mut().for_each(|v| *v *= 1.0 / 1024.0);
+        }
+    }
+    x
+}
+
+/// The weights of a kind: around 1 for `Rms`, around 0 for `RmsOnePlus`, none for `RmsUnit`.
+pub fn norm_weights(kind: rope_cuda::NormKind, seed: u64, tensor: u64, d: usize) -> Option<Vec<f32>> {
+    let w = rope_cuda::reference::uniform_vec(seed, tensor, d);
+    match kind {
+        rope_cuda::NormKind::Rms => Some(w.iter().map(|v| 1.0 + 0.5 * v).collect()),
+        rope_cuda::NormKind::RmsOnePlus => Some(w.iter().map(|v| 0.5 * v).collect()),
+        _ => None,
+    }
+}
+
+/// Elements with a value: f32 within 1e-5 of it relative to its head's largest, 16-bit within
+/// one ulp of its correct rounding; the rest bit-identical to `before`.
+pub fn check_normed<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], d: usize, what: &str) {
+    for (r, row) in want.chunks(d).enumerate() {
+        let scale = row.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
+        for (j, w) in row.iter().enumerate() {
+            let i = r * d + j;
+            match w {
+                Some(e) if T::NAME == "f32" => {
+                    let err = (got[i].to_f64() - e).abs();
+                    assert!(err <= 1e-5 * scale, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
+                }
+                Some(e) => {
+                    assert!(got[i].ulps(T::round(*e)) <= 1, "{what}: element {i}: {:?} vs {e}", got[i]);
+                }
+                None => assert_eq!(got[i].bits(), before[i].bits(), "{what}: element {i} changed"),
+            }
+        }
+    }
+}

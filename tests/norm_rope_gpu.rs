@@ -1,0 +1,299 @@
+//! QK-norm with RoPE and no cache ([`RopeArgs::norm`]) on the GPU: q and k, in place or into
+//! outputs, strided views into one fused qkv buffer, against an f64 model (norm over the whole
+//! head, then the rotation, one rounding), over norm kinds x types x styles x head dims x
+//! partial rotation x sources x weight types; a token at a position out of range stays as it
+//! was, as does everything no head covers (v, the outputs' other rows). And the typed errors
+//! of bad calls, before any launch, with nothing written.
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use common::{check_normed, download_t, gpu, norm_heads, norm_weights, test_seed, upload_t, Gpu, TestElem};
+use half::{bf16, f16};
+use rope_cuda::reference::{rms_norm_row, rope_row, uniform_vec};
+use rope_cuda::{
+    validate, CosSin, DType, Direction, Error, Layout, NormKind, PositionKind, Positions, QkNorm, RawArgs, RawNorm,
+    RawPositions, RawTensor, RawWeight, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
+};
+
+const MAX_POS: usize = 4096;
+const BASE: f64 = 10_000.0;
+const EPS: f32 = 1e-6;
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    kind: NormKind,
+    style: RopeStyle,
+    head_dim: usize,
+    rotary_dim: usize,
+    q_heads: usize,
+    /// 0: q alone.
+    k_heads: usize,
+    batch: usize,
+    seq: usize,
+    in_place: bool,
+    source: CosSin,
+    /// Weights in f32 (else in the inputs' type).
+    f32_weights: bool,
+}
+
+/// One normed RoPE call: returns nothing, asserts everything.
+fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
+    let Case {
+        kind, style, head_dim: d, rotary_dim: rot, q_heads: hq, k_heads: hk, batch, seq, in_place, source, ..
+    } = c;
+    let tokens = batch * seq;
+    // q, k and v heads side by side in one buffer per token (a fused projection's output).
+    let row = (hq + 2 * hk) * d;
+    let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
+    let qkv0 = conv(norm_heads(seed, 10, tokens * row, d));
+    let view = |h0: usize, heads: usize| Layout::strided([batch, seq, heads, d], [seq * row, row, d], h0 * d);
+    let (q_l, k_l) = (view(0, hq), view(hq, hk));
+    // Positions inside the table, but for one token past it (skipped, recorded).
+    let mut positions: Vec<i32> =
+        uniform_vec(seed, 11, tokens).iter().map(|u| ((u + 1.0) * 0.5 * (MAX_POS - 1) as f32) as i32).collect();
+    let skipped = tokens / 2;
+    positions[skipped] = MAX_POS as i32 + 7;
+    let round_w = |w: Vec<f32>| -> Vec<f32> {
+        match c.f32_weights {
+            true => w,
+            false => w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect(),
+        }
+    };
+    let (qw, kw) = (norm_weights(kind, seed, 20, d).map(round_w), norm_weights(kind, seed, 21, d).map(round_w));
+    let offset = if kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 };
+
+    let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
+    let rope = Rope::new(&g.kernels, config).unwrap();
+    let dqkv = upload_t(&qkv0);
+    let dpos = upload_t(&positions);
+    // Out of place: outputs [batch, seq, heads, d], filled with other values first.
+    let (q_out0, k_out0) = (conv(uniform_vec(seed, 12, tokens * hq * d)), conv(uniform_vec(seed, 13, tokens * hk * d)));
+    let (mut dq_out, mut dk_out) = (upload_t(&q_out0), upload_t(&k_out0.clone()));
+    let f32w = |w: &Option<Vec<f32>>| upload_t(w.as_deref().unwrap_or(&[0.0]));
+    let tw = |w: &Option<Vec<f32>>| upload_t(&conv(w.clone().unwrap_or(vec![0.0])));
+    let (dqw32, dkw32, dqwt, dkwt) = (f32w(&qw), f32w(&kw), tw(&qw), tw(&kw));
+    {
+        let norm = match (kind, c.f32_weights) {
+            (NormKind::RmsUnit, _) => QkNorm::unit(EPS),
+            (NormKind::Rms, true) => QkNorm::rms(&dqw32, &dkw32, EPS),
+            (NormKind::Rms, false) => QkNorm::rms(&dqwt, &dkwt, EPS),
+            (_, true) => QkNorm::gemma(&dqw32, &dkw32, EPS),
+            (_, false) => QkNorm::gemma(&dqwt, &dkwt, EPS),
+        };
+        let pos = Positions::ids_i32(&dpos);
+        let (out_q, out_k) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
+        let result = if in_place {
+            // q and k in place: two views of one buffer (disjoint heads, which the plan checks),
+            // so through the raw entry point.
+            let (ptr, len) = (dqkv.as_device_ptr().as_raw(), dqkv.len());
+            let raw = |l: Layout| RawTensor::new(ptr, len, T::DTYPE, l);
+            let args = RawArgs {
+                q: raw(q_l),
+                q_out: None,
+                k: (hk > 0).then(|| raw(k_l)),
+                k_out: None,
+                positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: tokens },
+                direction: Direction::Forward,
+                norm: Some(norm.raw()),
+            };
+            // SAFETY: every buffer is live and holds the elements its view covers; the stream
+            // is synchronized before any of them is read or freed.
+            unsafe { rope.apply_raw(&args, g.stream.as_inner()) }
+        } else {
+            let qv = Tensor::new(&dqkv, q_l);
+            let kv = Tensor::new(&dqkv, k_l);
+            let mut qo = TensorMut::new(&mut dq_out, out_q);
+            let mut ko = TensorMut::new(&mut dk_out, out_k);
+            let mut args = RopeArgs::into(&qv, &mut qo, pos).norm(norm);
+            if hk > 0 {
+                args = args.k_into(&kv, &mut ko);
+            }
+            rope.apply(args, &g.stream)
+        };
+        result.unwrap();
+        match rope.check_errors(&g.stream) {
+            Err(Error::PositionOutOfRange { token, .. }) => assert_eq!(token, skipped),
+            other => panic!("{c:?}: the skipped token is not reported: {other:?}"),
+        }
+    }
+    let what = format!("{} {c:?}", T::NAME);
+    let w64 = |w: &Option<Vec<f32>>| w.as_ref().map(|w| w.iter().map(|&v| v as f64).collect::<Vec<f64>>());
+    let (qw, kw) = (w64(&qw), w64(&kw));
+    let normed_rotated = |x: &[T], w: &Option<Vec<f64>>, pos: i32| {
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let y = rms_norm_row(&x, w.as_deref(), offset, EPS as f64);
+        rope_row(&y, pos as f64, BASE, rot, style, Direction::Forward)
+    };
+    // What each head should hold, at its offset in the buffer it is written to.
+    let expect = |len: usize, out: &dyn Fn(usize, usize, usize) -> usize| {
+        let mut want: Vec<Option<f64>> = vec![None; len];
+        for t in (0..tokens).filter(|&t| t != skipped) {
+            for (h0, heads, w) in [(0, hq, &qw), (hq, hk, &kw)] {
+                for h in 0..heads {
+                    let src = t * row + (h0 + h) * d;
+                    let y = normed_rotated(&qkv0[src..src + d], w, positions[t]);
+                    let at = out(t, h0, h);
+                    for i in 0..d {
+                        want[at + i] = Some(y[i]);
+                    }
+                }
+            }
+        }
+        want
+    };
+    let qkv = download_t(&dqkv);
+    if in_place {
+        let want = expect(qkv.len(), &|t, h0, h| t * row + (h0 + h) * d);
+        check_normed(&qkv, &want, &qkv0, d, &format!("{what}: qkv in place"));
+    } else {
+        // The inputs are read only.
+        assert!(qkv.iter().zip(&qkv0).all(|(a, b)| a.bits() == b.bits()), "{what}: the input changed");
+        let (q_out, k_out): (Vec<T>, Vec<T>) = (download_t(&dq_out), download_t(&dk_out));
+        // Both outputs as one [q_out | k_out] sequence.
+        let (qn, kn) = (q_out.len(), k_out.len());
+        let want = expect(qn + kn, &|t, h0, h| match h0 {
+            0 => (t * hq + h) * d,
+            _ => qn + (t * hk + h) * d,
+        });
+        let got: Vec<T> = q_out.iter().chain(&k_out).copied().collect();
+        let before: Vec<T> = q_out0.iter().chain(&k_out0).copied().collect();
+        let want = if hk == 0 { want[..qn].to_vec() } else { want };
+        let (got, before) = if hk == 0 { (got[..qn].to_vec(), before[..qn].to_vec()) } else { (got, before) };
+        check_normed(&got, &want, &before, d, &format!("{what}: outputs"));
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let kinds = [NormKind::Rms, NormKind::RmsOnePlus, NormKind::RmsUnit];
+    let mut i = 0;
+    for source in [CosSin::Table, CosSin::Computed] {
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            for in_place in [true, false] {
+                for (hq, hk) in [(8, 2), (4, 0), (3, 3)] {
+                    // Head dims of Llama/Qwen3 (128), Gemma (256), small ones, and partial rotary.
+                    let (d, rot) = [(128, 128), (256, 256), (64, 32), (128, 64)][i % 4];
+                    let (batch, seq) = if i % 3 == 0 { (2, 333) } else { (3, 7) };
+                    v.push(Case {
+                        kind: kinds[i % 3],
+                        style,
+                        head_dim: d,
+                        rotary_dim: rot,
+                        q_heads: hq,
+                        k_heads: hk,
+                        batch,
+                        seq,
+                        in_place,
+                        source,
+                        f32_weights: i % 5 == 1,
+                    });
+                    i += 1;
+                }
+            }
+        }
+    }
+    v
+}
+
+fn matrix<T: TestElem>(test: &str) {
+    common::each_case(test, cases(), rope_norm_case::<T>);
+}
+
+#[test]
+fn norm_rope_matrix_f32() {
+    matrix::<f32>("norm_rope_matrix_f32");
+}
+
+#[test]
+fn norm_rope_matrix_f16() {
+    matrix::<f16>("norm_rope_matrix_f16");
+}
+
+#[test]
+fn norm_rope_matrix_bf16() {
+    matrix::<bf16>("norm_rope_matrix_bf16");
+}
+
+/// Addresses far apart for the plan-only checks (nothing is launched or read).
+const GB: u64 = 1 << 30;
+
+/// A bf16 call on q `[2, 3, 8, 128]` and k `[2, 3, 2, 128]` in place, with `norm`.
+fn raw_args(norm: Option<RawNorm>) -> RawArgs {
+    let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
+    RawArgs {
+        q: t(1, Layout::bshd(2, 3, 8, 128)),
+        q_out: None,
+        k: Some(t(2, Layout::bshd(2, 3, 2, 128))),
+        k_out: None,
+        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 3 * GB, len: 6 },
+        direction: Direction::Forward,
+        norm,
+    }
+}
+
+fn weight(i: u64, len: usize, dtype: DType) -> Option<RawWeight> {
+    Some(RawWeight { ptr: i * GB, len, dtype })
+}
+
+/// Every bad norm of a RoPE call is a typed error from the plan alone (no GPU needed).
+#[test]
+fn bad_rope_norms_are_typed_errors() {
+    let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+    let good = RawNorm {
+        kind: NormKind::Rms,
+        eps: EPS,
+        q_weight: weight(5, 128, DType::BF16),
+        k_weight: weight(6, 128, DType::F32),
+    };
+    assert_eq!(validate(&config, &raw_args(Some(good))), Ok(()));
+    // A weighted kind without k's weights.
+    assert!(matches!(validate(&config, &raw_args(Some(RawNorm { k_weight: None, ..good }))), Err(Error::Norm(_))));
+    for eps in [0.0, -1e-6, f32::NAN, f32::INFINITY] {
+        let bad = raw_args(Some(RawNorm { eps, ..good }));
+        assert!(matches!(validate(&config, &bad), Err(Error::NormEps { .. })), "eps {eps}");
+    }
+    let short = raw_args(Some(RawNorm { q_weight: weight(5, 127, DType::BF16), ..good }));
+    assert!(matches!(validate(&config, &short), Err(Error::Length { .. })));
+    let unit_with_weights = raw_args(Some(RawNorm { kind: NormKind::RmsUnit, ..good }));
+    assert!(matches!(validate(&config, &unit_with_weights), Err(Error::Norm(_))));
+    // A weight inside q (written in place).
+    let inside = raw_args(Some(RawNorm { q_weight: weight(1, 128, DType::BF16), ..good }));
+    assert!(validate(&config, &inside).is_err());
+    // Views without 16-byte accesses: q two elements off alignment.
+    let mut odd = raw_args(Some(good));
+    odd.q = RawTensor { ptr: odd.q.ptr + 4, ..odd.q };
+    assert!(matches!(validate(&config, &odd), Err(Error::Norm(_))), "{:?}", validate(&config, &odd));
+    // Heads of more than 32 lanes: head_dim 1024 in bf16, half of it rotated.
+    let wide = RopeConfig::new(1024, 4096).rotary_dim(512).dtype(DType::BF16);
+    let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
+    let norm = RawNorm { q_weight: weight(5, 1024, DType::BF16), k_weight: weight(6, 1024, DType::BF16), ..good };
+    let args = RawArgs { q: t(1, Layout::bshd(1, 2, 2, 1024)), k: None, ..raw_args(Some(norm)) };
+    let args = RawArgs { positions: RawPositions { len: 2, ..args.positions }, ..args };
+    assert!(matches!(validate(&wide, &args), Err(Error::Norm(_))), "{:?}", validate(&wide, &args));
+    // Without the norm the same calls plan.
+    assert_eq!(validate(&wide, &RawArgs { norm: None, ..args }), Ok(()));
+}
+
+/// A bad norm launches nothing: q as it was.
+#[test]
+fn bad_rope_norm_launches_nothing() {
+    let Some(g) = gpu("bad_rope_norm_launches_nothing") else { return };
+    let seed = test_seed("bad_rope_norm_launches_nothing");
+    let (d, hq, tokens) = (128, 4, 3);
+    let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS).dtype(DType::BF16)).unwrap();
+    let conv = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let q0 = conv(uniform_vec(seed, 1, tokens * hq * d));
+    let mut dq = upload_t(&q0);
+    let pos = upload_t(&[1i32, 2, 3]);
+    let short = upload_t(&conv(uniform_vec(seed, 5, d - 2)));
+    let full = upload_t(&conv(uniform_vec(seed, 6, d)));
+    for (what, norm) in [("short weight", QkNorm::rms(&short, &full, EPS)), ("eps 0", QkNorm::rms(&full, &full, 0.0))] {
+        let mut q = TensorMut::new(&mut dq, Layout::bshd(1, tokens, hq, d));
+        let args = RopeArgs::in_place(&mut q, Positions::ids_i32(&pos)).norm(norm);
+        assert!(rope.apply(args, &g.stream).is_err(), "{what}");
+    }
+    g.stream.synchronize().unwrap();
+    assert!(download_t(&dq).iter().zip(&q0).all(|(x, y)| x.to_bits() == y.to_bits()), "q changed");
+}
