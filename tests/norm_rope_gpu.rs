@@ -297,3 +297,42 @@ fn bad_rope_norm_launches_nothing() {
     g.stream.synchronize().unwrap();
     assert!(download_t(&dq).iter().zip(&q0).all(|(x, y)| x.to_bits() == y.to_bits()), "q changed");
 }
+
+/// QK-norm + RoPE recorded with `Graph::record` and replayed: the same bits as the eager call.
+#[test]
+fn normed_rope_replays_from_a_recorded_graph() {
+    let Some(g) = gpu("normed_rope_replays_from_a_recorded_graph") else { return };
+    let seed = test_seed("normed_rope_replays_from_a_recorded_graph");
+    let (d, hq, hk, tokens) = (128, 8, 2, 4);
+    let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS).dtype(DType::BF16)).unwrap();
+    let conv = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let (q0, k0) = (conv(norm_heads(seed, 1, tokens * hq * d, d)), conv(norm_heads(seed, 2, tokens * hk * d, d)));
+    let (qw, kw) = (upload_t(&conv(uniform_vec(seed, 5, d))), upload_t(&conv(uniform_vec(seed, 6, d))));
+    let pos = upload_t(&[5i32, 900, 17, 3000]);
+    let run = |record: bool| {
+        let (mut dq, mut dk) = (upload_t(&q0), upload_t(&k0));
+        {
+            let mut call = || {
+                let mut q = TensorMut::new(&mut dq, Layout::bshd(tokens, 1, hq, d));
+                let mut k = TensorMut::new(&mut dk, Layout::bshd(tokens, 1, hk, d));
+                let args =
+                    RopeArgs::in_place(&mut q, Positions::ids_i32(&pos)).k(&mut k).norm(QkNorm::gemma(&qw, &kw, EPS));
+                rope.apply(args, &g.stream)
+            };
+            if record {
+                let graph = rope_cuda::Graph::record(call).unwrap();
+                // SAFETY: every buffer the graph names lives past the synchronisation below.
+                unsafe { graph.launch(&g.stream) }.unwrap();
+            } else {
+                call().unwrap();
+            }
+            rope.check_errors(&g.stream).unwrap();
+        }
+        (download_t(&dq), download_t(&dk))
+    };
+    let (eager, replayed): ((Vec<bf16>, Vec<bf16>), _) = (run(false), run(true));
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+    assert_eq!(bits(&eager.0), bits(&replayed.0), "q");
+    assert_eq!(bits(&eager.1), bits(&replayed.1), "k");
+    assert_ne!(bits(&eager.0), bits(&q0), "q was not normed and rotated");
+}
