@@ -45,7 +45,7 @@ pub(crate) unsafe fn rope<
     // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
     unsafe {
         core::hint::assert_unchecked(lanes != 0);
-        core::hint::assert_unchecked(slots >= lanes);
+        core::hint::assert_unchecked(slots != 0 && slots >= lanes);
         core::hint::assert_unchecked(gq + gk != 0);
         core::hint::assert_unchecked(items != 0);
         core::hint::assert_unchecked(p.seq != 0);
