@@ -245,9 +245,14 @@ fn bad_rope_norms_are_typed_errors() {
         kind: NormKind::Rms,
         eps: EPS,
         q_weight: weight(5, 128, DType::BF16),
-        k_weight: weight(6, 128, DType::F32),
+        k_weight: weight(6, 128, DType::BF16),
     };
     assert_eq!(validate(&config, &raw_args(Some(good))), Ok(()));
+    // f32 weights for both are fine; one of each type is not.
+    let f32_weights = RawNorm { q_weight: weight(5, 128, DType::F32), k_weight: weight(6, 128, DType::F32), ..good };
+    assert_eq!(validate(&config, &raw_args(Some(f32_weights))), Ok(()));
+    let mixed = RawNorm { k_weight: weight(6, 128, DType::F32), ..good };
+    assert!(matches!(validate(&config, &raw_args(Some(mixed))), Err(Error::DType { .. })));
     // A weighted kind without k's weights.
     assert!(matches!(validate(&config, &raw_args(Some(RawNorm { k_weight: None, ..good }))), Err(Error::Norm(_))));
     for eps in [0.0, -1e-6, f32::NAN, f32::INFINITY] {
@@ -265,11 +270,12 @@ fn bad_rope_norms_are_typed_errors() {
     let mut odd = raw_args(Some(good));
     odd.q = RawTensor { ptr: odd.q.ptr + 4, ..odd.q };
     assert!(matches!(validate(&config, &odd), Err(Error::Norm(_))), "{:?}", validate(&config, &odd));
-    // Heads of more than 32 lanes: head_dim 1024 in bf16, half of it rotated.
-    let wide = RopeConfig::new(1024, 4096).rotary_dim(512).dtype(DType::BF16);
+    // Heads of more than 32 lanes: head_dim 512 in bf16, half of it rotated (16 rotating
+    // lanes, 32 copying).
+    let wide = RopeConfig::new(512, 4096).rotary_dim(256).dtype(DType::BF16);
     let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
-    let norm = RawNorm { q_weight: weight(5, 1024, DType::BF16), k_weight: weight(6, 1024, DType::BF16), ..good };
-    let args = RawArgs { q: t(1, Layout::bshd(1, 2, 2, 1024)), k: None, ..raw_args(Some(norm)) };
+    let norm = RawNorm { q_weight: weight(5, 512, DType::BF16), k_weight: weight(6, 512, DType::BF16), ..good };
+    let args = RawArgs { q: t(1, Layout::bshd(1, 2, 2, 512)), k: None, ..raw_args(Some(norm)) };
     let args = RawArgs { positions: RawPositions { len: 2, ..args.positions }, ..args };
     assert!(matches!(validate(&wide, &args), Err(Error::Norm(_))), "{:?}", validate(&wide, &args));
     // Without the norm the same calls plan.
