@@ -617,12 +617,12 @@ pub(crate) fn plan_kv(
         (rot_lanes, cw, rot_lanes + (hd - rot) / cw)
     };
     if norm.is_some() {
-        // The normed kernels: one head a thread, its lanes inside one warp (`_d`, else `_p`,
-        // which claims its slots).
+        // The normed kernels: a head's lanes inside one warp (`_d`; `_p` and `_v`, which
+        // claim their slots, where the decode kernel's 8-byte lanes would be too many).
         if !vector {
             return Err(Error::Norm("the views must take 8- or 16-byte accesses (aligned addresses and strides)"));
         }
-        if width != KvWidth::Decode || lane_slots(lanes_of(KvWidth::Decode).2 as u64) > 32 {
+        if width == KvWidth::Decode && lane_slots(lanes_of(KvWidth::Decode).2 as u64) > 32 {
             (width, claim) = (KvWidth::Prefill, true);
         }
         if lane_slots(lanes_of(width).2 as u64) > 32 {
@@ -1298,9 +1298,9 @@ mod tests {
                                 norm: false,
                             };
                             assert!(key.entry_point().is_some(), "{key:?}");
-                            // QK-norm: the one-head widths, every type.
+                            // QK-norm: the 8- and 16-byte widths, every type.
                             let normed = KvKey { norm: true, ..key };
-                            let has = matches!(width, KvWidth::Decode | KvWidth::Prefill);
+                            let has = width != KvWidth::Scalar;
                             assert_eq!(normed.entry_point().is_some(), has, "{normed:?}");
                             // FP8 caches of either format: one entry point for both, at every
                             // width.

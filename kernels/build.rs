@@ -75,10 +75,10 @@ const KV_WIDTHS: [Value; 4] = [
 ];
 /// The caller's tables (`_t`, the reference operation): GPT-J, one row, these widths.
 const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
-/// QK-norm before the rotation (`_n`): the KV appends of these widths (one head a thread, 8
-/// or 16 bytes: a head's lanes sum their squares inside one warp), with the library's
+/// QK-norm before the rotation (`_n`): the KV appends of these widths (8 or 16 bytes, one head
+/// a thread or several: a head's lanes sum their squares inside one warp), with the library's
 /// sources, both position rows and every operand type.
-const NORM_WIDTHS: [usize; 2] = [1, 2];
+const NORM_WIDTHS: [usize; 3] = [1, 2, 3];
 
 /// QK-norm before the rotation in the RoPE kernels (`_n`): 16 bytes, one head a thread (`_p`),
 /// with the library's sources, both position rows and every operand type.

@@ -177,6 +177,25 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Past the one-head limit (KV_PREFILL_MAX_TOKENS): the several-heads kernels (`_v`), with
+    // a last group of fewer heads (6 q heads, 2 kv heads: groups of 4 in f32, 2 in f16/bf16).
+    for (style, source, kind) in
+        [(RopeStyle::NeoX, CosSin::Table, NormKind::Rms), (RopeStyle::GptJ, CosSin::Computed, NormKind::RmsOnePlus)]
+    {
+        v.push(Case {
+            kind,
+            style,
+            head_dim: 128,
+            rotary_dim: 128,
+            q_heads: 6,
+            kv_heads: 2,
+            batch: 3,
+            seq: 2800,
+            cache: CacheKind::Bshd(2800),
+            source,
+            f32_weights: false,
+        });
+    }
     v
 }
 

@@ -168,7 +168,7 @@ pub struct KvKey {
     /// `_d` and `_p` only).
     pub mrope: bool,
     /// QK-norm of q's and k's heads before the rotation (`_n`; the library's sources, widths
-    /// `_d` and `_p` only).
+    /// `_d`, `_p` and `_v`).
     pub norm: bool,
 }
 

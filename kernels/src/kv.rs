@@ -339,15 +339,8 @@ pub(crate) unsafe fn kv_append<
     let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, normed, norm_at) };
     // SAFETY: every thread of the block calls it at once (one of two call sites runs).
     let norm_of = || unsafe {
-        NormLane::of::<S, R, C>(
-            &p.norm,
-            is_k as usize,
-            normed,
-            norm_at,
-            (&first, &first_copy),
-            norm_bits,
-            slots.divisor,
-        )
+        let data = (&rows, &first, &first_copy);
+        NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, normed, norm_at, data, norm_bits, slots.divisor)
     };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.

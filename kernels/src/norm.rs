@@ -108,28 +108,46 @@ pub(crate) fn group_sum(mut v: f32, slots: u32) -> f32 {
     v
 }
 
-/// The norm of one lane of one head, as its rotation and copies apply it: the head's factor
-/// `r` and the lane's weights, `w[0][j]` and `w[1][j]` for the two elements of its pair `j`
-/// (a copying lane's element `j`: `w[0][j]`). Off (`on == false`, [`NormLane::OFF`]) it
-/// leaves every value as it is, and folds away where the kernel has no norm.
+/// The norm of one lane of up to [`NORM_HEADS`] heads, as its rotation and copies apply it:
+/// each head's factor (`r[h]`; the rotation of a head reads `r[0]`, see [`NormLane::head`])
+/// and the lane's weights, `w[0][j]` and `w[1][j]` for the two elements of its pair `j` (a
+/// copying lane's element `j`: `w[0][j]`), the same for every head. Off (`on == false`,
+/// [`NormLane::OFF`]) it leaves every value as it is, and folds away where the kernel has no
+/// norm.
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 pub(crate) struct NormLane {
     pub on: bool,
-    pub r: f32,
+    pub r: [f32; NORM_HEADS],
     pub w: [[f32; 8]; 2],
 }
+
+/// The most heads one thread normalizes (the KV kernels' `_v` groups: up to 4).
+pub const NORM_HEADS: usize = 4;
 
 #[cfg(target_arch = "nvptx64")]
 impl NormLane {
     /// No norm.
-    pub const OFF: NormLane = NormLane { on: false, r: 1.0, w: [[1.0; 8]; 2] };
+    pub const OFF: NormLane = NormLane { on: false, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
+
+    /// The norm of head `h` of the thread's group (`r[h]` first), chosen by selects (no
+    /// indexing of registers by a runtime value).
+    #[inline(always)]
+    pub fn head(&self, h: usize) -> NormLane {
+        let mut r = self.r[0];
+        for (i, &ri) in self.r.iter().enumerate().skip(1) {
+            if h == i {
+                r = ri;
+            }
+        }
+        NormLane { r: [r; NORM_HEADS], ..*self }
+    }
 
     /// Element `e` (0 or 1) of pair `j`: `x r w`, rounded to f32 (two products).
     #[inline(always)]
     pub fn get(&self, j: usize, e: usize, x: f32) -> f32 {
         if self.on {
-            x * self.r * self.w[e][j]
+            x * self.r[0] * self.w[e][j]
         } else {
             x
         }
@@ -144,8 +162,8 @@ impl NormLane {
             return (x, 0.0);
         }
         let w = self.w[e][j];
-        let p = x * self.r;
-        let pe = crate::math::fma(x, self.r, -p);
+        let p = x * self.r[0];
+        let pe = crate::math::fma(x, self.r[0], -p);
         let q = p * w;
         let qe = crate::math::fma(p, w, -q);
         (q, crate::math::fma(pe, w, qe))
@@ -190,43 +208,52 @@ impl NormLane {
         }
     }
 
-    /// The lane's norm, given its head's data (`first` for a rotating lane, `first_copy` for a
-    /// copying one) and its weights' bits from [`NormLane::load`]: the squares of the lane's
-    /// elements summed over its group of `slots` lanes ([`group_sum`]), the factor `r`
+    /// The lane's norm for the `count` heads of `rows` (at most `G`), given head 0's data
+    /// (`first` for a rotating lane, `first_copy` for a copying one; the others are loaded
+    /// here) and its weights' bits from [`NormLane::load`]: the squares of the lane's elements
+    /// of each head summed over its group of `slots` lanes ([`group_sum`]), each head's factor
     /// ([`inv_rms`]), and the lane's weights plus the offset. Lanes not `on` add nothing and
     /// get [`NormLane::OFF`]'s values.
     ///
     /// # Safety
-    /// Every lane of the warp calls it at once (the shuffles); `on` lanes as
-    /// [`NormLane::load`]'s contract.
+    /// Every lane of the warp calls it at once (the shuffles: `G` sums each); `on` lanes as
+    /// [`NormLane::load`]'s contract, and the `count` heads of `rows` lie in their buffer.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn of<S: Style, R: Io, C: Io>(
+    pub unsafe fn of<S: Style, R: Io, C: Io, const G: usize>(
         view: &NormView,
         which: usize,
         on: bool,
         at: LaneAt,
-        (first, first_copy): (&[Bits; 2], &Bits),
+        (rows, first, first_copy): (&Rows, &[Bits; 2], &Bits),
         bits: [Bits; 2],
         slots: u32,
     ) -> NormLane {
-        let mut sum = 0.0f32;
-        if on && at.rotating {
-            unrolled(S::lane_pairs::<R>(), |j| {
-                let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
-                let (a, b) = (R::get(&first[l0], i0), R::get(&first[l1], i1));
-                sum = crate::math::fma(a, a, sum);
-                sum = crate::math::fma(b, b, sum);
-            });
-        } else if on {
-            unrolled(C::E, |i| {
-                let x = C::get(first_copy, i);
-                sum = crate::math::fma(x, x, sum);
-            });
+        const { assert!(G <= NORM_HEADS) };
+        let mut norm = NormLane { on, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
+        for (h, r) in norm.r.iter_mut().enumerate().take(G) {
+            let mut sum = 0.0f32;
+            let live = on && h < rows.count;
+            if live && at.rotating {
+                // SAFETY: the caller's contract: head `h` lies in its buffer.
+                let data = if h == 0 { *first } else { unsafe { S::load::<R>(rows, h, at.lane, at.half) } };
+                unrolled(S::lane_pairs::<R>(), |j| {
+                    let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+                    let (a, b) = (R::get(&data[l0], i0), R::get(&data[l1], i1));
+                    sum = crate::math::fma(a, a, sum);
+                    sum = crate::math::fma(b, b, sum);
+                });
+            } else if live {
+                // SAFETY: as above.
+                let data = if h == 0 { *first_copy } else { unsafe { C::load_raw(rows.src(h, at.copy_at)) } };
+                unrolled(C::E, |i| {
+                    let x = C::get(&data, i);
+                    sum = crate::math::fma(x, x, sum);
+                });
+            }
+            // The caller's contract: every lane of the warp is here.
+            *r = inv_rms(group_sum(sum, slots), view.inv_dim, view.eps);
         }
-        // The caller's contract: every lane of the warp is here.
-        let sum = group_sum(sum, slots);
-        let mut norm = NormLane { on, r: inv_rms(sum, view.inv_dim, view.eps), w: [[1.0; 8]; 2] };
         let base = view.weights[which];
         if on && base != 0 && view.vector != 0 {
             if at.rotating {

@@ -225,7 +225,7 @@ pub struct RopeParams {
 
 /// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}[_fp8]_{s,d,p,v}[_m][_c]`
 /// (the library's table or computed cos and sin; `_fp8`: FP8 caches, either format), their
-/// QK-norm twins `…_{d,p}[_m][_c]_n` (each head of q and k normalized first, [`NormView`]; q's
+/// QK-norm twins `…_{d,p,v}[_m][_c]_n` (each head of q and k normalized first, [`NormView`]; q's
 /// lanes then include the copying ones, as k's), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
 /// tables, in the element type) and `kv_claim` (see [`crate::entries::axes`]).
 ///

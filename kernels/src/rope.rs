@@ -130,8 +130,8 @@ pub(crate) unsafe fn rope<
     let norm = match NORM {
         // SAFETY: as above; every lane of the warp calls it.
         true => unsafe {
-            let data = (&first, &first_copy);
-            NormLane::of::<S, R, C>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
+            let data = (&rows, &first, &first_copy);
+            NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
         },
         false => NormLane::OFF,
     };

@@ -986,7 +986,7 @@ impl Rows {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
             // SAFETY: as above.
-            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h), norm)) };
+            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h), &norm.head(h))) };
             cur = next;
         }
     }
@@ -1143,7 +1143,9 @@ impl Style for NeoX {
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, (q, norm)) };
+            unsafe {
+                rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, (q, &norm.head(h)))
+            };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, lo), y[0]);
@@ -1216,7 +1218,7 @@ impl Style for GptJ {
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, (q, norm)) };
+            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, (q, &norm.head(h))) };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, at), y[0]);
