@@ -37,6 +37,8 @@ pub(crate) unsafe fn rope<
     p: &RopeParams,
 ) {
     const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
+    // The normed kernels take one head a thread (`_p`).
+    const { assert!(!NORM || G == 1) };
     let lanes = p.rot_lanes + p.copy_lanes;
     // The normed kernels' groups take a power of two of slots (inside one warp).
     let slots = if NORM { p.slots } else { lanes };
@@ -131,7 +133,7 @@ pub(crate) unsafe fn rope<
         // SAFETY: as above; every lane of the warp calls it.
         true => unsafe {
             let data = (&rows, &first, &first_copy);
-            NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
+            NormLane::of::<S, R, C, 1>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
         },
         false => NormLane::OFF,
     };
