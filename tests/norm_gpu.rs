@@ -8,15 +8,14 @@
 mod common;
 
 use common::{
-    check_normed as check, download_t, gpu, norm_heads as heads, norm_weights as weights, row_at, test_seed, upload_t,
-    CacheKind, Draw, Gpu, TestElem,
+    check_normed as check, download_t, gpu, norm_heads as heads, row_at, test_seed, upload_t, CacheKind, Draw, Gpu,
+    TestElem, TestNorm,
 };
 use half::{bf16, f16};
-use rope_cuda::reference::{rms_norm_row, rope_row, uniform_vec};
+use rope_cuda::reference::uniform_vec;
 use rope_cuda::{
-    validate_append, CosSin, DType, Direction, Error, KvAppend, KvCache, Layout, NormKind, PositionKind, Positions,
-    QkNorm, RawKvArgs, RawKvCache, RawNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor,
-    TensorMut,
+    validate_append, CosSin, DType, Error, KvAppend, KvCache, Layout, NormKind, PositionKind, Positions, QkNorm,
+    RawKvArgs, RawKvCache, RawNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 const MAX_POS: usize = 4096;
@@ -56,16 +55,7 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let cache_len = cache_layout.extent().unwrap();
     let k_cache0 = conv(uniform_vec(seed, 13, cache_len));
     let v_cache0 = conv(uniform_vec(seed, 14, cache_len));
-    // The weights as the kernels read them (rounded to their type), and as f64.
-    let round_w = |w: Vec<f32>| -> Vec<f32> {
-        if c.f32_weights {
-            w
-        } else {
-            w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect()
-        }
-    };
-    let (qw, kw) = (weights(kind, seed, 20, d).map(round_w), weights(kind, seed, 21, d).map(round_w));
-    let offset = if kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 };
+    let norm = TestNorm::<T>::new(kind, seed, d, c.f32_weights);
 
     let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
     let rope = Rope::new(&g.kernels, config).unwrap();
@@ -75,9 +65,6 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let dslots = draw.slots.as_ref().map(|s| upload_t(s));
     let mut dq = upload_t(&q_host);
     let (dk, dv) = (upload_t(&k_host), upload_t(&v_host));
-    let f32w = |w: &Option<Vec<f32>>| upload_t(w.as_deref().unwrap_or(&[0.0]));
-    let tw = |w: &Option<Vec<f32>>| upload_t(&conv(w.clone().unwrap_or(vec![0.0])));
-    let (dqw32, dkw32, dqwt, dkwt) = (f32w(&qw), f32w(&kw), tw(&qw), tw(&kw));
     {
         let mut cache_view = match paged {
             true => KvCache::paged(&mut kc, &mut vc, cache_layout),
@@ -85,14 +72,7 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         };
         let mut q = TensorMut::new(&mut dq, q_l);
         let (k, v) = (Tensor::new(&dk, k_l), Tensor::new(&dv, k_l));
-        let norm = match (kind, c.f32_weights) {
-            (NormKind::RmsUnit, _) => QkNorm::unit(EPS),
-            (NormKind::Rms, true) => QkNorm::rms(&dqw32, &dkw32, EPS),
-            (NormKind::Rms, false) => QkNorm::rms(&dqwt, &dkwt, EPS),
-            (_, true) => QkNorm::gemma(&dqw32, &dkw32, EPS),
-            (_, false) => QkNorm::gemma(&dqwt, &dkwt, EPS),
-        };
-        let mut args = KvAppend::new(&k, &v, &mut cache_view, Positions::ids_i32(&dpos)).norm(norm);
+        let mut args = KvAppend::new(&k, &v, &mut cache_view, Positions::ids_i32(&dpos)).norm(norm.qk_norm(EPS));
         if hq > 0 {
             args = args.q(&mut q);
         }
@@ -104,13 +84,7 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     }
     let (q_out, kc, vc): (Vec<T>, Vec<T>, Vec<T>) = (download_t(&dq), download_t(&kc), download_t(&vc));
     let what = format!("{} {c:?}", T::NAME);
-    let w64 = |w: &Option<Vec<f32>>| w.as_ref().map(|w| w.iter().map(|&v| v as f64).collect::<Vec<f64>>());
-    let (qw, kw) = (w64(&qw), w64(&kw));
-    let normed_rotated = |x: &[T], w: &Option<Vec<f64>>, pos: i32| {
-        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        let y = rms_norm_row(&x, w.as_deref(), offset, EPS as f64);
-        rope_row(&y, pos as f64, BASE, rot, style, Direction::Forward)
-    };
+    let normed_rotated = |x: &[T], which: usize, pos: i32| norm.model(which, x, pos as f64, (BASE, rot, style), EPS);
 
     // The caches: tokens in order, the last writer of a slot wins; every other element as it was.
     let mut want_k: Vec<Option<f64>> = vec![None; cache_len];
@@ -120,7 +94,7 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         let (b, s) = (t / seq, t % seq);
         for h in 0..hk {
             let src = k_l.offset + b * k_l.strides[0] + s * k_l.strides[1] + h * k_l.strides[2];
-            let y = normed_rotated(&k_host[src..src + d], &kw, draw.positions[t]);
+            let y = normed_rotated(&k_host[src..src + d], 1, draw.positions[t]);
             let dst = row_at(&cache_layout, n / block_size, n % block_size, h);
             for i in 0..d {
                 want_k[dst + i] = Some(y[i]);
@@ -136,7 +110,7 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     for t in 0..tokens {
         for h in 0..hq {
             let at = (t * hq + h) * d;
-            let y = normed_rotated(&q_host[at..at + d], &qw, draw.positions[t]);
+            let y = normed_rotated(&q_host[at..at + d], 0, draw.positions[t]);
             for i in 0..d {
                 want_q[at + i] = Some(y[i]);
             }

@@ -9,9 +9,9 @@
 
 mod common;
 
-use common::{check_normed, download_t, gpu, norm_heads, norm_weights, test_seed, upload_t, Gpu, TestElem};
+use common::{check_normed, download_t, gpu, norm_heads, test_seed, upload_t, Gpu, TestElem, TestNorm};
 use half::{bf16, f16};
-use rope_cuda::reference::{rms_norm_row, rope_row, uniform_vec};
+use rope_cuda::reference::uniform_vec;
 use rope_cuda::{
     validate, CosSin, DType, Direction, Error, Layout, NormKind, PositionKind, Positions, QkNorm, RawArgs, RawNorm,
     RawPositions, RawTensor, RawWeight, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
@@ -55,14 +55,7 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         uniform_vec(seed, 11, tokens).iter().map(|u| ((u + 1.0) * 0.5 * (MAX_POS - 1) as f32) as i32).collect();
     let skipped = tokens / 2;
     positions[skipped] = MAX_POS as i32 + 7;
-    let round_w = |w: Vec<f32>| -> Vec<f32> {
-        match c.f32_weights {
-            true => w,
-            false => w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect(),
-        }
-    };
-    let (qw, kw) = (norm_weights(kind, seed, 20, d).map(round_w), norm_weights(kind, seed, 21, d).map(round_w));
-    let offset = if kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 };
+    let norm = TestNorm::<T>::new(kind, seed, d, c.f32_weights);
 
     let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
     let rope = Rope::new(&g.kernels, config).unwrap();
@@ -71,17 +64,8 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     // Out of place: outputs [batch, seq, heads, d], filled with other values first.
     let (q_out0, k_out0) = (conv(uniform_vec(seed, 12, tokens * hq * d)), conv(uniform_vec(seed, 13, tokens * hk * d)));
     let (mut dq_out, mut dk_out) = (upload_t(&q_out0), upload_t(&k_out0.clone()));
-    let f32w = |w: &Option<Vec<f32>>| upload_t(w.as_deref().unwrap_or(&[0.0]));
-    let tw = |w: &Option<Vec<f32>>| upload_t(&conv(w.clone().unwrap_or(vec![0.0])));
-    let (dqw32, dkw32, dqwt, dkwt) = (f32w(&qw), f32w(&kw), tw(&qw), tw(&kw));
     {
-        let norm = match (kind, c.f32_weights) {
-            (NormKind::RmsUnit, _) => QkNorm::unit(EPS),
-            (NormKind::Rms, true) => QkNorm::rms(&dqw32, &dkw32, EPS),
-            (NormKind::Rms, false) => QkNorm::rms(&dqwt, &dkwt, EPS),
-            (_, true) => QkNorm::gemma(&dqw32, &dkw32, EPS),
-            (_, false) => QkNorm::gemma(&dqwt, &dkwt, EPS),
-        };
+        let norm = norm.qk_norm(EPS);
         let pos = Positions::ids_i32(&dpos);
         let (out_q, out_k) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
         let result = if in_place {
@@ -119,21 +103,15 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         }
     }
     let what = format!("{} {c:?}", T::NAME);
-    let w64 = |w: &Option<Vec<f32>>| w.as_ref().map(|w| w.iter().map(|&v| v as f64).collect::<Vec<f64>>());
-    let (qw, kw) = (w64(&qw), w64(&kw));
-    let normed_rotated = |x: &[T], w: &Option<Vec<f64>>, pos: i32| {
-        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        let y = rms_norm_row(&x, w.as_deref(), offset, EPS as f64);
-        rope_row(&y, pos as f64, BASE, rot, style, Direction::Forward)
-    };
+    let normed_rotated = |x: &[T], which: usize, pos: i32| norm.model(which, x, pos as f64, (BASE, rot, style), EPS);
     // What each head should hold, at its offset in the buffer it is written to.
     let expect = |len: usize, out: &dyn Fn(usize, usize, usize) -> usize| {
         let mut want: Vec<Option<f64>> = vec![None; len];
         for t in (0..tokens).filter(|&t| t != skipped) {
-            for (h0, heads, w) in [(0, hq, &qw), (hq, hk, &kw)] {
+            for (h0, heads, which) in [(0, hq, 0), (hq, hk, 1)] {
                 for h in 0..heads {
                     let src = t * row + (h0 + h) * d;
-                    let y = normed_rotated(&qkv0[src..src + d], w, positions[t]);
+                    let y = normed_rotated(&qkv0[src..src + d], which, positions[t]);
                     let at = out(t, h0, h);
                     for i in 0..d {
                         want[at + i] = Some(y[i]);

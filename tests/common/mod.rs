@@ -450,3 +450,62 @@ pub fn check_normed<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], 
         }
     }
 }
+
+/// A norm of a test: its kind, the weights of q's and k's norm (around 1 for `Rms`, around 0
+/// for `RmsOnePlus`, none for `RmsUnit`; rounded to `T` unless held in f32) on the host and on
+/// the device, and the f64 model of a head normalized, then rotated.
+pub struct TestNorm<T: TestElem> {
+    pub kind: rope_cuda::NormKind,
+    f32_weights: bool,
+    host: [Option<Vec<f64>>; 2],
+    f32_dev: [DeviceBuffer<f32>; 2],
+    typed_dev: [DeviceBuffer<T>; 2],
+}
+
+impl<T: TestElem> TestNorm<T> {
+    /// Seeded weights of `d` elements.
+    pub fn new(kind: rope_cuda::NormKind, seed: u64, d: usize, f32_weights: bool) -> Self {
+        let round = |w: Vec<f32>| -> Vec<f32> {
+            match f32_weights {
+                true => w,
+                false => w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect(),
+            }
+        };
+        let w = [norm_weights(kind, seed, 20, d).map(round), norm_weights(kind, seed, 21, d).map(round)];
+        let f32_dev = [0, 1].map(|i| upload_t(w[i].as_deref().unwrap_or(&[0.0])));
+        let typed =
+            |w: &Option<Vec<f32>>| w.as_deref().unwrap_or(&[0.0]).iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>();
+        let typed_dev = [0, 1].map(|i| upload_t(&typed(&w[i])));
+        let host = w.map(|w| w.map(|w| w.iter().map(|&v| v as f64).collect()));
+        TestNorm { kind, f32_weights, host, f32_dev, typed_dev }
+    }
+
+    /// The norm for a call, with `eps`.
+    pub fn qk_norm(&self, eps: f32) -> rope_cuda::QkNorm<'_> {
+        use rope_cuda::{NormKind, QkNorm};
+        let ([q32, k32], [qt, kt]) = (&self.f32_dev, &self.typed_dev);
+        match (self.kind, self.f32_weights) {
+            (NormKind::RmsUnit, _) => QkNorm::unit(eps),
+            (NormKind::Rms, true) => QkNorm::rms(q32, k32, eps),
+            (NormKind::Rms, false) => QkNorm::rms(qt, kt, eps),
+            (_, true) => QkNorm::gemma(q32, k32, eps),
+            (_, false) => QkNorm::gemma(qt, kt, eps),
+        }
+    }
+
+    /// Head `x` of q (`which == 0`) or k (1) normalized with `eps` in f64, then rotated forward
+    /// at `pos` (NeoX or GPT-J pairs over `rot` dims, `base`).
+    pub fn model(
+        &self,
+        which: usize,
+        x: &[T],
+        pos: f64,
+        (base, rot, style): (f64, usize, rope_cuda::RopeStyle),
+        eps: f32,
+    ) -> Vec<f64> {
+        let offset = if self.kind == rope_cuda::NormKind::RmsOnePlus { 1.0 } else { 0.0 };
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let y = rope_cuda::reference::rms_norm_row(&x, self.host[which].as_deref(), offset, eps as f64);
+        rope_cuda::reference::rope_row(&y, pos, base, rot, style, rope_cuda::Direction::Forward)
+    }
+}
