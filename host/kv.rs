@@ -1284,9 +1284,9 @@ mod tests {
                             let key =
                                 RopeKey { style, types: RopeTypes::uniform(dtype), width, mrope, source, norm: false };
                             assert!(key.entry_point().is_some(), "{key:?}");
-                            // QK-norm: the one-head width, every type.
+                            // QK-norm: the 16-byte widths, every type.
                             let normed = RopeKey { norm: true, ..key };
-                            assert_eq!(normed.entry_point().is_some(), width == RopeWidth::Single, "{normed:?}");
+                            assert_eq!(normed.entry_point().is_some(), width != RopeWidth::Scalar, "{normed:?}");
                         }
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
                             let key = KvKey {

@@ -495,7 +495,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
     // In place the dims past rotary_dim stay, unless a norm scales them.
     let copy_lanes = if in_place && norm.is_none() { 0 } else { (hd - rot) / copy_width };
-    // The normed kernels: one head a thread, its lanes inside one warp.
+    // The normed kernels: a head's lanes inside one warp.
     let slots = match norm {
         None => 0,
         Some(_) if !vector => {
@@ -536,12 +536,11 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     // of 32/8 heads of 128 in bf16: 20 blocks), and the launch is one thread's latency chain
     // long; one head a thread makes g times the threads and a g times shorter chain.
     let few = params.tokens as u64 * work_per_token(&params, g) < FEW_THREADS;
-    let one = norm.is_some()
-        || match config.grouping {
-            HeadGrouping::Auto => few || (in_place && shared_lines),
-            HeadGrouping::One => true,
-            HeadGrouping::Several => false,
-        };
+    let one = match config.grouping {
+        HeadGrouping::Auto => few || (in_place && shared_lines),
+        HeadGrouping::One => true,
+        HeadGrouping::Several => false,
+    };
     let width = match (vector, g > 1 && one) {
         (false, _) => RopeWidth::Scalar,
         (true, false) => RopeWidth::Vector,
@@ -552,8 +551,6 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     // load (the one-head kernels only; see `ComputedView::with_staged`).
     let params = RopeParams { source: staged(source, few && g == 1), ..params };
     let mrope = config.mrope.is_some();
-    // With a norm, one head a thread also where `g` is 1 (`_p`, not `_v`).
-    let width = if norm.is_some() { RopeWidth::Single } else { width };
     let key = RopeKey {
         style: config.style,
         types: params.types(),

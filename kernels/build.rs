@@ -80,9 +80,9 @@ const CALLER_WIDTHS: [usize; 3] = [0, 3, 1];
 /// sources, both position rows and every operand type.
 const NORM_WIDTHS: [usize; 3] = [1, 2, 3];
 
-/// QK-norm before the rotation in the RoPE kernels (`_n`): 16 bytes, one head a thread (`_p`),
-/// with the library's sources, both position rows and every operand type.
-const ROPE_NORM_WIDTHS: [usize; 1] = [2];
+/// QK-norm before the rotation in the RoPE kernels (`_n`): 16 bytes, several heads a thread
+/// (`_v`) or one (`_p`), with the library's sources, both position rows and every operand type.
+const ROPE_NORM_WIDTHS: [usize; 2] = [1, 2];
 
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
 /// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,

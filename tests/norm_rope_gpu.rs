@@ -172,6 +172,27 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Enough tokens for several heads a thread (`_v`), with a last group of fewer heads (6 q
+    // heads: groups of 8 in f16/bf16, 4 in f32 NeoX).
+    for (style, source, in_place, kind) in [
+        (RopeStyle::NeoX, CosSin::Table, true, NormKind::Rms),
+        (RopeStyle::GptJ, CosSin::Computed, false, NormKind::RmsOnePlus),
+        (RopeStyle::NeoX, CosSin::Computed, false, NormKind::RmsUnit),
+    ] {
+        v.push(Case {
+            kind,
+            style,
+            head_dim: 128,
+            rotary_dim: 128,
+            q_heads: 6,
+            k_heads: 2,
+            batch: 2,
+            seq: 2100,
+            in_place,
+            source,
+            f32_weights: false,
+        });
+    }
     v
 }
 

@@ -148,7 +148,7 @@ pub struct RopeKey {
     pub mrope: bool,
     /// The library's table or computed cos and sin (never the caller's).
     pub source: TableSource,
-    /// QK-norm of each head before the rotation (`_n`; width `_p` only).
+    /// QK-norm of each head before the rotation (`_n`; widths `_v` and `_p`).
     pub norm: bool,
 }
 

@@ -338,7 +338,7 @@ pub(crate) unsafe fn kv_append<
     // aligned where `vector`); `lane` is a lane of the launch's geometry.
     let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, normed, norm_at) };
     // SAFETY: every thread of the block calls it at once (one of two call sites runs).
-    let norm_of = || unsafe {
+    let norm_of = move || unsafe {
         let data = (&rows, &first, &first_copy);
         NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, normed, norm_at, data, norm_bits, slots.divisor)
     };
@@ -433,8 +433,16 @@ pub(crate) unsafe fn kv_append<
         // SAFETY: q's rows are in its buffer, written by this item alone.
         unsafe {
             match rotating {
-                true => S::apply::<R, R, B, P>(rows, first, lane, &entries, table(p, row), Quant::NONE, &norm),
-                false => rows.copy::<C, C>(first_copy, copy_at, Quant::NONE, &norm),
+                true => S::apply::<R, R, B, P>(
+                    rows,
+                    first,
+                    lane,
+                    &entries,
+                    table(p, row),
+                    Quant::NONE,
+                    NORM.then_some(&norm),
+                ),
+                false => rows.copy::<C, C>(first_copy, copy_at, Quant::NONE, NORM.then_some(&norm)),
             }
         };
         return;
@@ -456,12 +464,12 @@ pub(crate) unsafe fn kv_append<
         // SAFETY: q's output rows are in their buffer, or slot `n` is in the cache; this item
         // alone writes them (this token alone writes slot `n`); the host checked the scale
         // buffers of FP8 outputs (one f32, or one per kv head).
-        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant, &norm) };
+        unsafe { S::apply::<R, W, B, P>(rows, first, lane, &entries, table(p, row), quant, NORM.then_some(&norm)) };
     } else {
         // k and q past rotary_dim, and v: copy (the bits, where the types agree; FP8: divided by
         // the scale and converted).
         // SAFETY: as above.
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, quant, &norm) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, quant, NORM.then_some(&norm)) };
     }
 }
 

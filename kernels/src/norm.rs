@@ -109,11 +109,12 @@ pub(crate) fn group_sum(mut v: f32, slots: u32) -> f32 {
 }
 
 /// The norm of one lane of up to [`NORM_HEADS`] heads, as its rotation and copies apply it:
-/// each head's factor (`r[h]`; the rotation of a head reads `r[0]`, see [`NormLane::head`])
-/// and the lane's weights, `w[0][j]` and `w[1][j]` for the two elements of its pair `j` (a
-/// copying lane's element `j`: `w[0][j]`), the same for every head. Off (`on == false`,
-/// [`NormLane::OFF`]) it leaves every value as it is, and folds away where the kernel has no
-/// norm.
+/// each head's factor (`r[h]`, [`NormLane::r_of`]) and the lane's weights, `w[0][j]` and
+/// `w[1][j]` for the two elements of its pair `j` (a copying lane's element `j`: `w[0][j]`),
+/// the same for every head. Off (`on == false`, [`NormLane::OFF`]: the lanes of v, idle
+/// lanes) it leaves every value as it is. The kernels without a norm pass `None` where a norm
+/// goes (`get_of` and the like), so that their code holds nothing of it: a `NormLane` that is
+/// off but not a constant LLVM folds cost the plain KV kernels 5 to 8 registers.
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 pub(crate) struct NormLane {
@@ -122,32 +123,61 @@ pub(crate) struct NormLane {
     pub w: [[f32; 8]; 2],
 }
 
-/// The most heads one thread normalizes (the KV kernels' `_v` groups: up to 4).
-pub const NORM_HEADS: usize = 4;
+/// The most heads one thread normalizes (the `_v` groups: up to 8 in RoPE's 16-bit kernels).
+pub const NORM_HEADS: usize = 8;
 
 #[cfg(target_arch = "nvptx64")]
 impl NormLane {
     /// No norm.
     pub const OFF: NormLane = NormLane { on: false, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
 
-    /// The norm of head `h` of the thread's group (`r[h]` first), chosen by selects (no
-    /// indexing of registers by a runtime value).
+    /// The factor of head `h` of the thread's group, chosen by selects (no indexing of
+    /// registers by a runtime value).
     #[inline(always)]
-    pub fn head(&self, h: usize) -> NormLane {
+    pub fn r_of(&self, h: usize) -> f32 {
         let mut r = self.r[0];
         for (i, &ri) in self.r.iter().enumerate().skip(1) {
             if h == i {
                 r = ri;
             }
         }
-        NormLane { r: [r; NORM_HEADS], ..*self }
+        r
     }
 
-    /// Element `e` (0 or 1) of pair `j`: `x r w`, rounded to f32 (two products).
+    /// [`NormLane::r_of`] of a norm, 1 without one (`None`: the kernels without a norm, whose
+    /// code then holds nothing of it).
     #[inline(always)]
-    pub fn get(&self, j: usize, e: usize, x: f32) -> f32 {
+    pub fn r_of_head(norm: Option<&NormLane>, h: usize) -> f32 {
+        match norm {
+            Some(n) if n.on => n.r_of(h),
+            _ => 1.0,
+        }
+    }
+
+    /// [`NormLane::get`] of a norm; `x` without one.
+    #[inline(always)]
+    pub fn get_of(norm: Option<&NormLane>, j: usize, e: usize, x: f32, r: f32) -> f32 {
+        match norm {
+            Some(n) => n.get(j, e, x, r),
+            None => x,
+        }
+    }
+
+    /// [`NormLane::exact`] of a norm; `(x, 0)` without one.
+    #[inline(always)]
+    pub fn exact_of(norm: Option<&NormLane>, j: usize, e: usize, x: f32, r: f32) -> (f32, f32) {
+        match norm {
+            Some(n) => n.exact(j, e, x, r),
+            None => (x, 0.0),
+        }
+    }
+
+    /// Element `e` (0 or 1) of pair `j` of a head of factor `r`: `x r w`, rounded to f32 (two
+    /// products).
+    #[inline(always)]
+    pub fn get(&self, j: usize, e: usize, x: f32, r: f32) -> f32 {
         if self.on {
-            x * self.r[0] * self.w[e][j]
+            x * r * self.w[e][j]
         } else {
             x
         }
@@ -157,13 +187,13 @@ impl NormLane {
     /// two-products): the exact rotation's inputs, so that rounding the normalized value to
     /// f32 adds no error where the rotation cancels.
     #[inline(always)]
-    pub fn exact(&self, j: usize, e: usize, x: f32) -> (f32, f32) {
+    pub fn exact(&self, j: usize, e: usize, x: f32, r: f32) -> (f32, f32) {
         if !self.on {
             return (x, 0.0);
         }
         let w = self.w[e][j];
-        let p = x * self.r[0];
-        let pe = crate::math::fma(x, self.r[0], -p);
+        let p = x * r;
+        let pe = crate::math::fma(x, r, -p);
         let q = p * w;
         let qe = crate::math::fma(p, w, -q);
         (q, crate::math::fma(pe, w, qe))
@@ -231,7 +261,8 @@ impl NormLane {
     ) -> NormLane {
         const { assert!(G <= NORM_HEADS) };
         let mut norm = NormLane { on, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
-        for (h, r) in norm.r.iter_mut().enumerate().take(G) {
+        // Unrolled (constant indices: the factors stay in registers).
+        unrolled(G, |h| {
             let mut sum = 0.0f32;
             let live = on && h < rows.count;
             if live && at.rotating {
@@ -252,8 +283,8 @@ impl NormLane {
                 });
             }
             // The caller's contract: every lane of the warp is here.
-            *r = inv_rms(group_sum(sum, slots), view.inv_dim, view.eps);
-        }
+            norm.r[h] = inv_rms(group_sum(sum, slots), view.inv_dim, view.eps);
+        });
         let base = view.weights[which];
         if on && base != 0 && view.vector != 0 {
             if at.rotating {

@@ -37,8 +37,6 @@ pub(crate) unsafe fn rope<
     p: &RopeParams,
 ) {
     const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
-    // The normed kernels take one head a thread (`_p`).
-    const { assert!(!NORM || G == 1) };
     let lanes = p.rot_lanes + p.copy_lanes;
     // The normed kernels' groups take a power of two of slots (inside one warp).
     let slots = if NORM { p.slots } else { lanes };
@@ -133,7 +131,7 @@ pub(crate) unsafe fn rope<
         // SAFETY: as above; every lane of the warp calls it.
         true => unsafe {
             let data = (&rows, &first, &first_copy);
-            NormLane::of::<S, R, C, 1>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
+            NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
         },
         false => NormLane::OFF,
     };
@@ -153,11 +151,11 @@ pub(crate) unsafe fn rope<
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, (Quant::NONE, &norm))
+            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, (Quant::NONE, NORM.then_some(&norm)))
         };
     } else {
         // Dims past rotary_dim: copied (out of place), or normalized (in place too).
         // SAFETY: as above; the output rows overlap nothing else (or are the input's own).
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, &norm) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, NORM.then_some(&norm)) };
     }
 }

@@ -767,7 +767,7 @@ pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
 /// correctly rounded rotation. (Quotients nearer zero than `e` take the exact path, their ends'
 /// signs differing; NaN inputs or scales give NaN either way.)
 ///
-/// With a norm (`norm.on`), each input is first `x r w` ([`NormLane`]): rounded to f32 on the
+/// With a norm (`norm.on`), each input is first `x r w` ([`NormLane`], `r` the head's factor): rounded to f32 on the
 /// fast path, and on the exact path kept as `hi + lo`, the `lo` parts' rotation added to the
 /// `hi` parts' exact one, so that the normalized value's rounding adds nothing where the
 /// rotation cancels.
@@ -783,7 +783,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     (raw, out): (&[Bits; 2], &mut [Bits; 2]),
     pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
     reload: impl Fn() -> [Bits; 2],
-    ((fmt, scale), norm): ((Fp8, Scale), &NormLane),
+    ((fmt, scale), (norm, r)): ((Fp8, Scale), (Option<&NormLane>, f32)),
 ) {
     debug_assert!(n <= 8);
     let (mut slack, mut smallest) = (f32::INFINITY, f32::INFINITY);
@@ -794,7 +794,10 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     let (c, s) = unsafe { t.lane::<B>(p, n) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
-        let (a, b) = (norm.get(j, 0, R::get(&raw[l0], i0)), norm.get(j, 1, R::get(&raw[l1], i1)));
+        let (a, b) = (
+            NormLane::get_of(norm, j, 0, R::get(&raw[l0], i0), r),
+            NormLane::get_of(norm, j, 1, R::get(&raw[l1], i1), r),
+        );
         let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
             true => rotate_pair_rounded(a, b, (c[j], 0.0), (s[j], 0.0)),
             false => rotate_pair_fast(a, b, c[j], s[j]),
@@ -833,14 +836,17 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             // Normalized inputs as `hi + lo`: the rotation of the `hi` parts, then the `lo`
             // parts' (tiny) rotation added (only with a norm: adding zero would turn a
             // result of -0 into +0).
-            let ((a, al), (b, bl)) = (norm.exact(j, 0, R::get(&orig[l0], i0)), norm.exact(j, 1, R::get(&orig[l1], i1)));
+            let ((a, al), (b, bl)) = (
+                NormLane::exact_of(norm, j, 0, R::get(&orig[l0], i0), r),
+                NormLane::exact_of(norm, j, 1, R::get(&orig[l1], i1), r),
+            );
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
             let (c, s) = unsafe { t.exact::<B>(p, j) };
             let (y0, y1) = match W::FP8 {
                 true => rotate_pair_rounded(a, b, c, s),
                 false => rotate_pair(a, b, c, s),
             };
-            let (y0, y1) = match norm.on {
+            let (y0, y1) = match norm.is_some_and(|n| n.on) {
                 true => (y0 + fma(al, c.0, -(bl * s.0)), y1 + fma(bl, c.0, al * s.0)),
                 false => (y0, y1),
             };
@@ -978,7 +984,7 @@ impl Rows {
     /// As [`Io::load_raw`] and [`Io::store_raw`] for every head's source and destination;
     /// `quant` as [`Quant::scale`] for every head, where `D` stores FP8.
     #[inline(always)]
-    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize, quant: Quant, norm: &NormLane) {
+    pub unsafe fn copy<C: Io, D: Io>(&self, first: Bits, at: usize, quant: Quant, norm: Option<&NormLane>) {
         const { assert!(C::E == D::E) };
         let to = if C::SIZE == D::SIZE { at } else { at / C::SIZE * D::SIZE };
         let mut cur = first;
@@ -986,7 +992,12 @@ impl Rows {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
             // SAFETY: as above.
-            unsafe { D::store_raw(self.dst(h, to), convert::<C, D>(cur, quant.of::<D>(h), &norm.head(h))) };
+            unsafe {
+                D::store_raw(
+                    self.dst(h, to),
+                    convert::<C, D>(cur, quant.of::<D>(h), (norm, NormLane::r_of_head(norm, h))),
+                )
+            };
             cur = next;
         }
     }
@@ -997,12 +1008,12 @@ impl Rows {
 /// the scale per access, not one branch per value: [`div_by`] where the scale and its
 /// reciprocal are normal, else the IEEE division, out of line ([`divide`]).
 #[inline(always)]
-fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale), norm: &NormLane) -> Bits {
-    if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 && !norm.on {
+fn convert<C: Io, D: Io>(raw: Bits, (fmt, scale): (Fp8, Scale), (norm, r): (Option<&NormLane>, f32)) -> Bits {
+    if !D::FP8 && C::DTYPE as u8 == D::DTYPE as u8 && !norm.is_some_and(|n| n.on) {
         return raw;
     }
     let mut xs = [0.0f32; 8];
-    unrolled(C::E, |i| xs[i] = norm.get(i, 0, C::get(&raw, i)));
+    unrolled(C::E, |i| xs[i] = NormLane::get_of(norm, i, 0, C::get(&raw, i), r));
     if D::FP8 {
         xs = match scale.normal() {
             true => xs.map(|x| div_by(x, scale.s, scale.r)),
@@ -1052,7 +1063,7 @@ pub(crate) trait Style {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
-        norm: &NormLane,
+        norm: Option<&NormLane>,
     );
     /// [`Style::entries`], then [`Style::apply`].
     ///
@@ -1065,7 +1076,7 @@ pub(crate) trait Style {
         lane: usize,
         at: P,
         p: Table<'_>,
-        (quant, norm): (Quant, &NormLane),
+        (quant, norm): (Quant, Option<&NormLane>),
     ) {
         // SAFETY: the caller's contract.
         unsafe {
@@ -1126,7 +1137,7 @@ impl Style for NeoX {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
-        norm: &NormLane,
+        norm: Option<&NormLane>,
     ) {
         const { assert!(R::E == W::E) };
         let half = p.pairs.half() as usize;
@@ -1144,7 +1155,15 @@ impl Style for NeoX {
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
             unsafe {
-                rotate_lane::<R, W, B, P>(t, p, R::E, (&cur, &mut y), |j| ((0, j), (1, j)), reload, (q, &norm.head(h)))
+                rotate_lane::<R, W, B, P>(
+                    t,
+                    p,
+                    R::E,
+                    (&cur, &mut y),
+                    |j| ((0, j), (1, j)),
+                    reload,
+                    (q, (norm, NormLane::r_of_head(norm, h))),
+                )
             };
             // SAFETY: as above.
             unsafe {
@@ -1200,7 +1219,7 @@ impl Style for GptJ {
         t: &Entries<P>,
         p: Table<'_>,
         quant: Quant,
-        norm: &NormLane,
+        norm: Option<&NormLane>,
     ) {
         const { assert!(R::E == W::E) };
         let width = gptj_width::<R>();
@@ -1218,7 +1237,17 @@ impl Style for GptJ {
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
             // SAFETY: as above.
-            unsafe { rotate_lane::<R, W, B, P>(t, p, width / 2, (&cur, &mut y), pair, reload, (q, &norm.head(h))) };
+            unsafe {
+                rotate_lane::<R, W, B, P>(
+                    t,
+                    p,
+                    width / 2,
+                    (&cur, &mut y),
+                    pair,
+                    reload,
+                    (q, (norm, NormLane::r_of_head(norm, h))),
+                )
+            };
             // SAFETY: as above.
             unsafe {
                 W::store_raw(rows.dst(h, at), y[0]);
