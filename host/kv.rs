@@ -540,7 +540,6 @@ pub(crate) fn plan_kv(
     // What is written (q in place or its FP8 output, both caches) shares nothing with anything
     // else, the scales included.
     let scale_tensor = |(ptr, len): (u64, usize)| RawTensor::new(ptr, len, DType::F32, Layout::bshd(1, 1, 1, len));
-    let weight_tensor = |w: RawWeight| RawTensor::new(w.ptr, w.len, w.dtype, Layout::bshd(1, 1, 1, w.len));
     let entries = [
         ("q", args.q, q_fp8.is_none()),
         ("q out", q_fp8.map(|o| o.out), true),
@@ -551,8 +550,8 @@ pub(crate) fn plan_kv(
         ("k scales", cache.scales.map(|s| scale_tensor(s.k)), false),
         ("v scales", cache.scales.map(|s| scale_tensor(s.v)), false),
         ("q scale", q_fp8.map(|o| scale_tensor(o.scale)), false),
-        ("q norm weight", args.norm.and_then(|n| n.q_weight).map(weight_tensor), false),
-        ("k norm weight", args.norm.and_then(|n| n.k_weight).map(weight_tensor), false),
+        ("q norm weight", args.norm.and_then(|n| n.q_weight).map(RawWeight::tensor), false),
+        ("k norm weight", args.norm.and_then(|n| n.k_weight).map(RawWeight::tensor), false),
     ];
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {

@@ -6,7 +6,9 @@ use rope_cuda_kernels::keys::DType;
 use rope_cuda_kernels::norm::NormView;
 
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::operand::{Element, Hold, Operand};
+use crate::tensor::RawTensor;
 
 /// Which norm a model applies to each head of q and k: `x_i · r · w_i` with
 /// `r = 1 / sqrt(mean(x²) + eps)` over the head's `head_dim` elements, the statistic in f32.
@@ -34,6 +36,13 @@ pub struct RawWeight {
     pub len: usize,
     /// Element type (f32, f16 or bf16; q's and k's the same).
     pub dtype: DType,
+}
+
+impl RawWeight {
+    /// The weights as a one-row tensor, for the overlap checks against the written buffers.
+    pub(crate) fn tensor(self) -> RawTensor {
+        RawTensor::new(self.ptr, self.len, self.dtype, Layout::bshd(1, 1, 1, self.len))
+    }
 }
 
 /// A QK-norm as device addresses ([`RawKvArgs::norm`](crate::RawKvArgs::norm)).

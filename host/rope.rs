@@ -16,7 +16,6 @@ use crate::launch::{
     check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
     lanes, pairs, positions, staged, vector_fits, Core,
 };
-use crate::layout::Layout;
 use crate::norm::{norm_view, QkNorm, RawWeight};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
@@ -471,9 +470,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
             let weights = [("q norm weight", n.q_weight), ("k norm weight", n.k_weight)];
             for (what, w) in weights {
                 let Some(w) = w else { continue };
-                let w = RawTensor::new(w.ptr, w.len, w.dtype, Layout::bshd(1, 1, 1, w.len));
                 for op in ops() {
-                    check_disjoint((what, &w), (if in_place { op.name } else { op.out_name }, &op.output))?;
+                    check_disjoint((what, &w.tensor()), (if in_place { op.name } else { op.out_name }, &op.output))?;
                 }
             }
             Some(view)
