@@ -10,8 +10,8 @@
 //! or 1 without a weight; the product is not rounded to the input's type before the rotation
 //! (one rounding, at the store).
 //!
-//! A lane's weights are loaded with its inputs ([`NormLane::load`]) and its head's statistic
-//! taken later ([`NormLane::of`]), once the position's and slot's loads are on their way: the
+//! A lane's weights are loaded with its inputs (`NormLane::load`, device code) and its head's statistic
+//! taken later (`NormLane::of`), once the position's and slot's loads are on their way: the
 //! norm's arithmetic then runs while they are in flight.
 
 use crate::keys::DType;
