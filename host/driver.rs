@@ -96,6 +96,15 @@ pub(crate) fn device_get_attribute(attribute: cuda::CUdevice_attribute, device: 
     call!(cuDeviceGetAttribute(&mut value, attribute, device)).map(|()| value)
 }
 
+/// The most threads a block of `function` (a loaded entry point) may have: 1024, or fewer
+/// where its registers allow fewer.
+pub(crate) fn func_max_threads(function: cuda::CUfunction) -> Result<i32> {
+    let mut value = 0;
+    let which = cuda::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
+    // SAFETY: writes one integer; `function` is a loaded entry point.
+    call!(cuFuncGetAttribute(&mut value, which, function)).map(|()| value)
+}
+
 /// The ordinal of the device whose memory `address` is; `None` where the driver does not know
 /// the address (`CUDA_ERROR_INVALID_VALUE`).
 pub(crate) fn pointer_get_device_ordinal(address: cuda::CUdeviceptr) -> Result<Option<i32>> {

@@ -389,10 +389,10 @@ impl HfConfig {
     /// ([`NormKind::Rms`]), as do models with `use_qk_norm` that transformers builds that way
     /// (GLM-4.5's `glm4_moe`); Gemma 3 and Gemma 4 with `1 + w` ([`NormKind::RmsOnePlus`]);
     /// Llama 4 with `use_qk_norm`, on its RoPE layers only, without a weight
-    /// ([`NormKind::RmsUnit`]). OLMo 2 and 3 normalize the whole q and k projections, and
-    /// models with `qk_layernorm` use a LayerNorm: the fused append does not take those
-    /// ([`Error::Norm`](crate::Error::Norm)); neither does `use_qk_norm` on a model type
-    /// whose kind of norm is not known here.
+    /// ([`NormKind::RmsUnit`]); OLMo 2 and 3 normalize the whole q and k projections, across
+    /// heads ([`NormKind::RmsProjection`]). Models with `qk_layernorm` use a LayerNorm: the
+    /// fused append does not take those ([`Error::Norm`](crate::Error::Norm)); neither does
+    /// `use_qk_norm` on a model type whose kind of norm is not known here.
     ///
     /// ```
     /// use rope_cuda::{HfConfig, NormKind};
@@ -420,9 +420,7 @@ impl HfConfig {
                 true => NormKind::RmsUnit,
                 false => return Ok(None),
             },
-            "olmo2" | "olmo3" => {
-                return Err(Error::Norm("OLMo 2 and 3 normalize the whole q and k projections, not each head"));
-            }
+            "olmo2" | "olmo3" => NormKind::RmsProjection,
             "glm4_moe" if flag("use_qk_norm")? => NormKind::Rms,
             _ if flag("qk_layernorm")? => return Err(Error::Norm("qk_layernorm: a LayerNorm, not an RMS norm")),
             _ if flag("use_qk_norm")? => {

@@ -298,6 +298,28 @@ impl Kernels {
     /// # Safety
     /// Every address in `params` is valid for what the key's kernel does with `geometry`
     /// (the caller's checks say why), and `stream` is a stream of this module's context.
+    /// Checks that the kernel of `key` takes blocks of `geometry`'s size: the library's blocks
+    /// of [`BLOCK_THREADS`](crate::launch::BLOCK_THREADS) always fit; the larger blocks of a
+    /// whole-projection norm (up to 512 threads, one token's q or k heads each) need a kernel
+    /// of at most 128 registers a thread (each is: ptxas's counts in CI), which the driver's
+    /// compilation decides. [`Error::TooLarge`] otherwise, before any launch.
+    pub(crate) fn check_block<K: Key>(&self, key: K, geometry: Geometry) -> Result<()> {
+        let threads = geometry.block.0 * geometry.block.1;
+        if threads <= crate::launch::BLOCK_THREADS {
+            return Ok(());
+        }
+        let ep = key.entry_point().ok_or_else(|| Error::NoKernel { key: format!("{key:?}") })?;
+        let limit = driver::func_max_threads(self.function(ep)?)? as u32;
+        match threads <= limit {
+            true => Ok(()),
+            false => Err(Error::TooLarge {
+                what: "threads a block (a whole-projection norm: one token's q or k heads in a block)",
+                value: threads as u64,
+                limit: limit as u64,
+            }),
+        }
+    }
+
     pub(crate) unsafe fn launch<K: Key>(
         &self,
         key: K,
@@ -308,6 +330,7 @@ impl Kernels {
     ) -> Result<()> {
         let ep = key.entry_point().ok_or_else(|| Error::NoKernel { key: format!("{key:?}") })?;
         let function = self.function(ep)?;
+        self.check_block(key, geometry)?;
         let mut args = [params as *const K::Params as *mut c_void];
         let (grid, block) = (geometry.grid, geometry.block);
         if let Some(recorded) = crate::graph::record_kernel(function, grid, block, shared_bytes, args.as_mut_ptr()) {

@@ -11,11 +11,11 @@ use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{
-    check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
-    lanes, pairs, positions, staged, vector_fits, Core,
+    block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry,
+    heads_view, lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
 };
 use crate::layout::Layout;
-use crate::norm::{norm_view, QkNorm, RawNorm, RawWeight};
+use crate::norm::{norm_view, whole_kv_layout, QkNorm, RawNorm, RawWeight};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -405,6 +405,8 @@ impl KvPlan {
     /// [`Core::prepare`] passed.
     pub unsafe fn launch(&self, core: &Core, stream: cuda::CUstream, checked: Option<usize>) -> Result<()> {
         let mut p = self.params;
+        // The block's size before the claims: a kernel that cannot take it launches nothing.
+        core.kernels.check_block(self.key, self.geometry)?;
         core.records.note_num_slots(p.cache.num_slots());
         // Held from the claims to the launch that reads them.
         let mut owners = self.claim.then(|| core.records.owners());
@@ -412,7 +414,8 @@ impl KvPlan {
             // SAFETY: `plan_kv` checked the positions' and slots' lengths.
             unsafe { owners.claim(&core.kernels, &mut p, stream) }?;
         }
-        let shared = p.shared(self.geometry.block.0, !self.claim, p.source.computed()).bytes;
+        let block = self.geometry.block.0;
+        let shared = p.shared(block, !self.claim, p.source.computed()).with_norm_sums(p.norm.whole(), block);
         // SAFETY: `plan_kv` checked every view and both caches against their buffers,
         // overlaps, alignment for the width, and the positions' and slots' lengths; the
         // tables, records and owner array belong to the caller; scanning kernels get their
@@ -500,7 +503,7 @@ pub(crate) fn plan_kv(
         Some(_) if spec.tables == TableSource::Caller => {
             return Err(Error::Norm("the reference update (the caller's tables) takes no norm"));
         }
-        Some(n) => Some(norm_view(n, hd, spec.dtype)?),
+        Some(n) => Some(norm_view(n, hd, [args.q.map(|q| q.layout.shape[2]), Some(ks[2])], spec.dtype)?),
         None => None,
     };
 
@@ -630,6 +633,18 @@ pub(crate) fn plan_kv(
             ));
         }
     }
+    // A whole-projection norm: one head a thread, each token's q heads and its k heads inside
+    // one block (`whole_kv_layout`): the decode kernel's 8-byte lanes where they fit, else
+    // 16-byte ones (claimed), whatever the number of tokens.
+    let whole = norm.is_some_and(|n| n.whole());
+    let layout_of = |width| {
+        let (_, cw, k_lanes) = lanes_of(width);
+        let counts = [k_lanes, k_lanes, hd / cw].map(|l| l as u64);
+        whole_kv_layout(q_heads as u64, kv_heads as u64, counts)
+    };
+    if whole && (width == KvWidth::Vector || (width == KvWidth::Decode && layout_of(width).is_none())) {
+        (width, claim) = (KvWidth::Prefill, true);
+    }
     let (rot_lanes, cw, k_lanes) = lanes_of(width);
     let g = match width {
         KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
@@ -640,9 +655,18 @@ pub(crate) fn plan_kv(
     // normalized in place.
     let q_lanes = if q_fp8.is_some() || norm.is_some() { k_lanes } else { rot_lanes };
     let lane_counts = [q_lanes, k_lanes, v_lanes].map(|l| l as u64);
-    let (k_start, v_start, work) =
-        kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
-    let Some((geometry, chunk)) = flat_geometry(tokens as u32, work)? else { return Ok(None) };
+    let (k_start, v_start, work, block) = match whole {
+        false => {
+            let (k, v, work) =
+                kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
+            (k, v, work, BLOCK_THREADS)
+        }
+        true => layout_of(width).ok_or(Error::Norm(
+            "a whole-projection norm takes a token's q heads (and its k heads) in one block of at most 512 \
+             threads, one per 32 bytes of a rotated head: up to 16 KiB of a projection",
+        ))?,
+    };
+    let Some((geometry, chunk)) = block_geometry(tokens as u32, work, block)? else { return Ok(None) };
 
     let strides = cl.strides.map(|s| s as u64);
     let (kc, vc, nb, bs) = (cache.k.address(), cache.v.address(), blocks as u32, block_size as u32);
@@ -686,6 +710,7 @@ pub(crate) fn plan_kv(
         tables: source.source(),
         mrope: spec.mrope.is_some(),
         norm: norm.is_some(),
+        whole,
     };
     if key.entry_point().is_none() {
         // Only the caches' types can be without a kernel: the inputs' are the configuration's.
@@ -1076,6 +1101,50 @@ mod tests {
         plan_kv(&spec(), a).expect_err("expected an error")
     }
 
+    /// A whole-projection norm: the one-head `_w` kernels, blocks that start at a token's q
+    /// and k segments, the decode kernel while its blocks fit and the claimed `_p` past that,
+    /// with the items the layout gives.
+    #[test]
+    fn plans_whole_projection_norms() {
+        use crate::norm::NormKind;
+        use crate::RawWeight;
+        let weights = |q: usize, k: usize| RawNorm {
+            kind: NormKind::RmsProjection,
+            eps: 1e-6,
+            q_weight: Some(RawWeight { ptr: 8 * BASE, len: q * 128, dtype: DType::BF16 }),
+            k_weight: Some(RawWeight { ptr: 9 * BASE, len: k * 128, dtype: DType::BF16 }),
+        };
+        // 8/2 heads of 128 in bf16, decode: 16 lanes a head, one block of a token (a q
+        // segment of 128, k's from 128, v's from 160; 224 items, blocks of 224 threads).
+        let a = RawKvArgs { norm: Some(weights(8, 2)), ..args() };
+        let p = plan_kv(&spec(), &a).unwrap().unwrap();
+        assert_eq!((p.key.width, p.key.norm, p.key.whole, p.claim), (KvWidth::Decode, true, true, false));
+        assert_eq!((p.params.starts, p.params.items_div.divisor, p.geometry.block.0), ([128, 160], 224, 224));
+        assert!(p.key.entry_point().is_some());
+        // 31/8 heads: the decode kernel's 496 q lanes and k's 128 take blocks of 512, k's moved
+        // to the second block; two blocks a token.
+        let mut a = args();
+        a.q = Some(tensor(1, Layout::bshd(2, 3, 31, 128)));
+        (a.k, a.v) = (tensor(2, Layout::bshd(2, 3, 8, 128)), tensor(3, Layout::bshd(2, 3, 8, 128)));
+        a.cache.k = tensor(4, Layout::bshd(10, 16, 8, 128));
+        a.cache.v = tensor(5, Layout::bshd(10, 16, 8, 128));
+        a.norm = Some(weights(31, 8));
+        let p = plan_kv(&spec(), &a).unwrap().unwrap();
+        assert_eq!((p.key.width, p.params.starts, p.params.items_div.divisor), (KvWidth::Decode, [512, 640], 1024));
+        assert_eq!(p.geometry.block.0, 512);
+        assert_eq!(p.geometry.grid.0 as usize, 6 * 2);
+        // 40 q heads: past the decode kernel's block, the claimed one-head kernel's 8 lanes.
+        a.q = Some(tensor(1, Layout::bshd(2, 3, 40, 128)));
+        a.norm = Some(weights(40, 8));
+        let p = plan_kv(&spec(), &a).unwrap().unwrap();
+        assert_eq!((p.key.width, p.key.whole, p.claim), (KvWidth::Prefill, true, true));
+        assert!(p.geometry.block.0 as u64 <= crate::norm::WHOLE_BLOCK_MAX);
+        // The per-head norm keeps the `_n` kernels.
+        let per_head = RawNorm { kind: NormKind::Rms, ..weights(1, 1) };
+        let p = plan_kv(&spec(), &RawKvArgs { norm: Some(per_head), ..args() }).unwrap().unwrap();
+        assert_eq!((p.key.norm, p.key.whole, p.geometry.block.0), (true, false, BLOCK_THREADS));
+    }
+
     #[test]
     fn plans_lanes_items_and_widths() {
         let p = plan_kv(&spec(), &args()).unwrap().unwrap();
@@ -1280,12 +1349,22 @@ mod tests {
                 for source in [TableSource::Table, TableSource::Computed] {
                     for mrope in [false, true] {
                         for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
-                            let key =
-                                RopeKey { style, types: RopeTypes::uniform(dtype), width, mrope, source, norm: false };
+                            let key = RopeKey {
+                                style,
+                                types: RopeTypes::uniform(dtype),
+                                width,
+                                mrope,
+                                source,
+                                norm: false,
+                                whole: false,
+                            };
                             assert!(key.entry_point().is_some(), "{key:?}");
                             // QK-norm: the 16-byte widths, every type.
                             let normed = RopeKey { norm: true, ..key };
                             assert_eq!(normed.entry_point().is_some(), width != RopeWidth::Scalar, "{normed:?}");
+                            // A whole-projection norm: one head a thread, 16 bytes.
+                            let whole = RopeKey { whole: true, ..normed };
+                            assert_eq!(whole.entry_point().is_some(), width == RopeWidth::Single, "{whole:?}");
                         }
                         for width in [KvWidth::Scalar, KvWidth::Vector, KvWidth::Decode, KvWidth::Prefill] {
                             let key = KvKey {
@@ -1295,12 +1374,17 @@ mod tests {
                                 tables: source,
                                 mrope,
                                 norm: false,
+                                whole: false,
                             };
                             assert!(key.entry_point().is_some(), "{key:?}");
                             // QK-norm: the 8- and 16-byte widths, every type.
                             let normed = KvKey { norm: true, ..key };
                             let has = width != KvWidth::Scalar;
                             assert_eq!(normed.entry_point().is_some(), has, "{normed:?}");
+                            // A whole-projection norm: one head a thread (8 or 16 bytes).
+                            let whole = KvKey { whole: true, ..normed };
+                            let has = matches!(width, KvWidth::Decode | KvWidth::Prefill);
+                            assert_eq!(whole.entry_point().is_some(), has, "{whole:?}");
                             // FP8 caches of either format: one entry point for both, at every
                             // width.
                             let [e4, e5] = [DType::E4M3, DType::E5M2].map(|f| {
@@ -1339,6 +1423,7 @@ mod tests {
                     tables: TableSource::Caller,
                     mrope: false,
                     norm: false,
+                    whole: false,
                 };
                 assert!(key.entry_point().is_some(), "{key:?}");
             }

@@ -217,6 +217,12 @@ pub(crate) fn heads_view(input: &RawTensor, output: Option<&RawTensor>) -> Heads
 /// `tokens` tokens of `work` items each, and the tokens per grid row; `None` when there is no
 /// work.
 pub(crate) fn flat_geometry(tokens: u32, work: u64) -> Result<Option<(Geometry, u32)>> {
+    block_geometry(tokens, work, BLOCK_THREADS)
+}
+
+/// [`flat_geometry`] in blocks of `block` threads (a whole-projection norm's: a multiple of
+/// `work`, or `work` a multiple of them, so that each block starts at a token's first item).
+pub(crate) fn block_geometry(tokens: u32, work: u64, block: u32) -> Result<Option<(Geometry, u32)>> {
     if work == 0 || tokens == 0 {
         return Ok(None);
     }
@@ -231,8 +237,8 @@ pub(crate) fn flat_geometry(tokens: u32, work: u64) -> Result<Option<(Geometry, 
     if rows > 65_535 {
         return Err(too_large("grid rows (tokens * heads * lanes / 2^31)", rows, 65_535));
     }
-    let blocks = (chunk * work).div_ceil(BLOCK_THREADS as u64);
-    Ok(Some((Geometry { grid: (blocks as u32, rows as u32), block: (BLOCK_THREADS, 1) }, chunk as u32)))
+    let blocks = (chunk * work).div_ceil(block as u64);
+    Ok(Some((Geometry { grid: (blocks as u32, rows as u32), block: (block, 1) }, chunk as u32)))
 }
 
 /// What an operation object holds to launch: the kernels and its device records.

@@ -13,10 +13,10 @@ use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::launch::{
-    check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, flat_geometry, heads_view,
-    lanes, pairs, positions, staged, vector_fits, Core,
+    block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, heads_view,
+    lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
 };
-use crate::norm::{norm_view, QkNorm, RawWeight};
+use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawWeight};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
 use crate::tensor::{Positions, RawArgs, RawTensor, Tensor, TensorMut};
@@ -465,7 +465,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     let norm = match &args.norm {
         None => None,
         Some(n) => {
-            let view = norm_view(n, config.head_dim, config.dtype)?;
+            let heads = [Some(q.input.layout.heads()), k.as_ref().map(|k| k.input.layout.heads())];
+            let view = norm_view(n, config.head_dim, heads, config.dtype)?;
             // The weights are read, never written: nothing an output covers.
             let weights = [("q norm weight", n.q_weight), ("k norm weight", n.k_weight)];
             for (what, w) in weights {
@@ -523,6 +524,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         chunk: 0,
         slots,
         norm: norm.unwrap_or_default(),
+        k_group: 0,
+        items: 0,
     };
     let computed = source.source() == TableSource::Computed;
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size, computed);
@@ -539,6 +542,10 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         HeadGrouping::One => true,
         HeadGrouping::Several => false,
     };
+    // A whole-projection norm: one head a thread (its blocks hold a token's q heads, and its
+    // k heads, whole).
+    let whole = norm.is_some_and(|n| n.whole());
+    let one = one || whole;
     let width = match (vector, g > 1 && one) {
         (false, _) => RopeWidth::Scalar,
         (true, false) => RopeWidth::Vector,
@@ -556,6 +563,7 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         mrope,
         source: source.source(),
         norm: norm.is_some(),
+        whole,
     };
     if key.entry_point().is_none() {
         // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
@@ -564,17 +572,38 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
         return Err(Error::DType { what, expected: config.dtype, got });
     }
-    Ok(geometry(&params, g)?.map(|(geometry, chunk)| {
+    // The normed kernels take k's first group and the items per token from the parameters.
+    let (params, block) = match (norm.is_some(), whole) {
+        (false, _) => (params, BLOCK_THREADS),
+        (true, false) => {
+            let k_group = groups(params.q.heads, g);
+            let items = (k_group + groups(params.k.heads, g)) * params.slots;
+            (RopeParams { k_group, items, ..params }, BLOCK_THREADS)
+        }
+        (true, true) => {
+            let (q_heads, k_heads) = (params.q.heads as u64, params.k.heads as u64);
+            let (k_group, items, block) =
+                whole_rope_layout(q_heads, k_heads, params.slots as u64).ok_or(Error::Norm(
+                    "a whole-projection norm takes a token's q heads (and its k heads) in one block of at most 512 \
+                     threads, one per 32 bytes of a rotated head: up to 16 KiB of a projection",
+                ))?;
+            (RopeParams { k_group, items, ..params }, block)
+        }
+    };
+    Ok(block_geometry(params.tokens, params.work(g) as u64, block)?.map(|(geometry, chunk)| {
         let params = RopeParams { chunk, ..params };
-        let shared = params.shared(geometry.block.0, params.work(g), params.source.computed()).bytes;
+        let block = geometry.block.0;
+        let layout = params.shared(block, params.work(g), params.source.computed());
+        let shared = layout.with_norm_sums(params.norm.whole(), block);
         Plan { key, params, shared, geometry }
     }))
 }
 
-/// The launch geometry of [`RopeParams`]'s thread mapping for a kernel taking `g` heads per
-/// thread, and the tokens per grid row; `None` when there is no work.
+/// The launch geometry of [`RopeParams`]'s thread mapping (without a norm) for a kernel taking
+/// `g` heads per thread, and the tokens per grid row; `None` when there is no work.
+#[cfg(test)]
 fn geometry(p: &RopeParams, g: u32) -> Result<Option<(Geometry, u32)>> {
-    flat_geometry(p.tokens, work_per_token(p, g))
+    crate::launch::flat_geometry(p.tokens, work_per_token(p, g))
 }
 
 /// Work items (threads) per token of [`RopeParams`]'s mapping at `g` heads per thread.

@@ -84,6 +84,12 @@ const NORM_WIDTHS: [usize; 3] = [1, 2, 3];
 /// (`_v`) or one (`_p`), with the library's sources, both position rows and every operand type.
 const ROPE_NORM_WIDTHS: [usize; 2] = [1, 2];
 
+/// A whole-projection QK-norm (`_w`, OLMo 2's: one statistic per token over all of q's heads
+/// and one over k's, each token's heads in one block): the one-head widths, KV's `_d` and
+/// `_p` and RoPE's `_p`, with the library's sources, both position rows and every type.
+const WHOLE_WIDTHS: [usize; 2] = [1, 2];
+const ROPE_WHOLE_WIDTHS: [usize; 1] = [2];
+
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
 /// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,
 /// copying lanes' load and store, as the body's generic arguments.
@@ -145,10 +151,14 @@ fn rope_row(
     style: &Value,
     types: Types,
     (width, rows, source): (&Value, &Value, Source<'_>),
-    norm: bool,
+    (norm, whole): (bool, bool),
 ) {
     let (source_name, source_key, source_ty) = source;
-    let n = if norm { "_n" } else { "" };
+    let n = match (norm, whole) {
+        (true, true) => "_w",
+        (true, false) => "_n",
+        _ => "",
+    };
     let name = format!("rope_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source_name);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
@@ -162,7 +172,7 @@ fn rope_row(
     };
     writeln!(
         out,
-        "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {}, norm: {norm} }} [{}, {access}, {}, {}, {g}, {norm}];",
+        "        {name} {{ style: {}, types: {}, width: {}, mrope: {}, source: {}, norm: {norm}, whole: {whole} }} [{}, {access}, {}, {}, {g}, {norm}, {whole}];",
         style.key,
         rope_types(types),
         width.key,
@@ -179,25 +189,37 @@ fn rope_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES {
             for (width, rows, source) in variants(&ROPE_WIDTHS) {
-                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), false);
+                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), (false, false));
             }
-            for (width, rows, source) in ROPE_NORM_WIDTHS
-                .iter()
-                .flat_map(|&w| ROWS.iter().flat_map(move |r| SOURCES.iter().map(move |s| (&ROPE_WIDTHS[w], r, s))))
-            {
-                rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), true);
+            for (widths, whole) in [(&ROPE_NORM_WIDTHS[..], false), (&ROPE_WHOLE_WIDTHS[..], true)] {
+                for (width, rows, source) in widths
+                    .iter()
+                    .flat_map(|&w| ROWS.iter().flat_map(move |r| SOURCES.iter().map(move |s| (&ROPE_WIDTHS[w], r, s))))
+                {
+                    rope_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), (true, whole));
+                }
             }
             // The caller's tables (candle's drop-ins), one position row.
             let (name, key, ty) = caller_source(types.1);
             for width in &ROPE_WIDTHS {
-                rope_row(out, style, types, (width, &ROWS[0], (name, key, &ty)), false);
+                rope_row(out, style, types, (width, &ROWS[0], (name, key, &ty)), (false, false));
             }
         }
     }
 }
 
-fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &Value, source: Source<'_>, norm: bool) {
-    let n = if norm { "_n" } else { "" };
+fn kv_row(
+    out: &mut String,
+    style: &Value,
+    types: Types,
+    (width, rows, source): (&Value, &Value, Source<'_>),
+    (norm, whole): (bool, bool),
+) {
+    let n = match (norm, whole) {
+        (true, true) => "_w",
+        (true, false) => "_n",
+        _ => "",
+    };
     let name = format!("kv_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source.0);
     let access = io(width.ty, style.ty, types.1, types.2);
     let g = match width.ty {
@@ -207,7 +229,7 @@ fn kv_row(out: &mut String, style: &Value, types: Types, width: &Value, rows: &V
     let scan = matches!(width.ty, "s" | "d");
     writeln!(
         out,
-        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {}, norm: {norm} }} [{}, {access}, {}, {}, {g}, {scan}, {norm}];",
+        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {}, norm: {norm}, whole: {whole} }} [{}, {access}, {}, {}, {g}, {scan}, {norm}, {whole}];",
         style.key, kv_types(types), width.key, source.1, rows.key, style.ty, source.2, rows.ty
     )
     .unwrap();
@@ -217,12 +239,15 @@ fn kv_rows(out: &mut String) {
     for style in &STYLES {
         for types in TYPES.into_iter().chain(FP8_TYPES) {
             for (width, rows, source) in variants(&KV_WIDTHS) {
-                kv_row(out, style, types, width, rows, (source.name, source.key, source.ty), false);
+                kv_row(out, style, types, (width, rows, (source.name, source.key, source.ty)), (false, false));
             }
-            for &w in &NORM_WIDTHS {
-                for rows in &ROWS {
-                    for source in &SOURCES {
-                        kv_row(out, style, types, &KV_WIDTHS[w], rows, (source.name, source.key, source.ty), true);
+            for (widths, whole) in [(&NORM_WIDTHS[..], false), (&WHOLE_WIDTHS[..], true)] {
+                for &w in widths {
+                    for rows in &ROWS {
+                        for source in &SOURCES {
+                            let source = (source.name, source.key, source.ty);
+                            kv_row(out, style, types, (&KV_WIDTHS[w], rows, source), (true, whole));
+                        }
                     }
                 }
             }
@@ -231,7 +256,8 @@ fn kv_rows(out: &mut String) {
                 let t = elem(types.1);
                 let table = if t == "F32" { "F32Table".to_string() } else { format!("ElemTable<{t}>") };
                 for &w in &CALLER_WIDTHS {
-                    kv_row(out, style, types, &KV_WIDTHS[w], &ROWS[0], ("_t", "TableSource::Caller", &table), false);
+                    let source = ("_t", "TableSource::Caller", table.as_str());
+                    kv_row(out, style, types, (&KV_WIDTHS[w], &ROWS[0], source), (false, false));
                 }
             }
         }
@@ -298,6 +324,10 @@ fn main() {
     writeln!(list, "    /// RoPE widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const ROPE_NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
     let norm: Vec<String> = NORM_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
     writeln!(list, "    /// KV widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
+    let whole: Vec<String> = ROPE_WHOLE_WIDTHS.iter().map(|&w| format!("{:?}", ROPE_WIDTHS[w].name)).collect();
+    writeln!(list, "    /// RoPE widths with a whole-projection QK-norm (`_w`; the library's sources, both position rows).\n    pub const ROPE_WHOLE_WIDTHS: &[&str] = &[{}];", whole.join(", ")).unwrap();
+    let whole: Vec<String> = WHOLE_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
+    writeln!(list, "    /// KV widths with a whole-projection QK-norm (`_w`; the library's sources, both position rows).\n    pub const WHOLE_WIDTHS: &[&str] = &[{}];", whole.join(", ")).unwrap();
     list += "}\n";
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("entry_list.rs");
     if std::fs::read_to_string(&out).ok().as_deref() != Some(list.as_str()) {

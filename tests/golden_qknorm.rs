@@ -39,7 +39,8 @@ fn load(model: &str) -> (HfConfig, Vec<i64>, Vec<Record>) {
     let records = (0..r.u32())
         .map(|_| {
             let (layer, which, heads, dim, weighted) = (r.u32(), r.u32(), r.u32(), r.u32(), r.u32());
-            let weight = (weighted != 0).then(|| f32s(&mut r, dim));
+            // 1: a head's weights; 2: the whole projection's (OLMo 2).
+            let weight = (weighted != 0).then(|| f32s(&mut r, if weighted == 2 { heads * dim } else { dim }));
             let (before, after) = (f32s(&mut r, seq * heads * dim), f32s(&mut r, seq * heads * dim));
             Record { layer, which, heads, dim, weight, before, after }
         })
@@ -84,12 +85,23 @@ fn the_f64_reference_matches_transformers() {
             for r in [&records[qi], &records[ki]] {
                 let w: Option<Vec<f64>> = r.weight.as_ref().map(|w| w.iter().map(|&v| v as f64).collect());
                 let mut got = Vec::new();
+                // Each head normalized alone, or (a whole-projection norm) a token's heads at once.
+                let unit = if kind == NormKind::RmsProjection { r.heads * r.dim } else { r.dim };
                 for (t, &pos) in positions.iter().enumerate() {
-                    for h in 0..r.heads {
-                        let at = (t * r.heads + h) * r.dim;
-                        let x: Vec<f64> = r.before[at..at + r.dim].iter().map(|&v| v as f64).collect();
+                    let row = &r.before[t * r.heads * r.dim..(t + 1) * r.heads * r.dim];
+                    for x in row.chunks(unit) {
+                        let x: Vec<f64> = x.iter().map(|&v| v as f64).collect();
                         let y = rms_norm_row(&x, w.as_deref(), offset, eps as f64);
-                        got.extend(rope_row_freqs(&y, pos as f64, &freqs, attention, rope.style, Direction::Forward));
+                        for h in y.chunks(r.dim) {
+                            got.extend(rope_row_freqs(
+                                h,
+                                pos as f64,
+                                &freqs,
+                                attention,
+                                rope.style,
+                                Direction::Forward,
+                            ));
+                        }
                     }
                 }
                 assert_close(&format!("{model} layer {} {}", r.layer, ["q", "k"][r.which]), &got, &r.after, r.dim);
@@ -121,6 +133,7 @@ fn gpu_model(g: &Gpu, model: &str) {
             let norm = match kind {
                 NormKind::Rms => QkNorm::rms(&qw, &kw, eps),
                 NormKind::RmsOnePlus => QkNorm::gemma(&qw, &kw, eps),
+                NormKind::RmsProjection => QkNorm::olmo(&qw, &kw, eps),
                 _ => QkNorm::unit(eps),
             };
             let args =

@@ -49,13 +49,16 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     let draw = Draw::new(seed, (batch, seq), paged, (blocks, block_size), MAX_POS);
     let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
     let (q_l, k_l) = (Layout::bshd(batch, seq, hq, d), Layout::bshd(batch, seq, hk, d));
-    let q_host = conv(heads(seed, 10, tokens * hq * d, d));
-    let k_host = conv(heads(seed, 11, tokens * hk * d, d));
+    // Whole-projection norms: every third token's projection small (eps matters there).
+    let whole = kind == NormKind::RmsProjection;
+    let unit = |h: usize| if whole { h.max(1) * d } else { d };
+    let q_host = conv(heads(seed, 10, tokens * hq * d, unit(hq)));
+    let k_host = conv(heads(seed, 11, tokens * hk * d, unit(hk)));
     let v_host = conv(uniform_vec(seed, 12, tokens * hk * d));
     let cache_len = cache_layout.extent().unwrap();
     let k_cache0 = conv(uniform_vec(seed, 13, cache_len));
     let v_cache0 = conv(uniform_vec(seed, 14, cache_len));
-    let norm = TestNorm::<T>::new(kind, seed, d, c.f32_weights);
+    let norm = TestNorm::<T>::new(kind, seed, (d, [hq, hk]), c.f32_weights);
 
     let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
     let rope = Rope::new(&g.kernels, config).unwrap();
@@ -84,7 +87,9 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     }
     let (q_out, kc, vc): (Vec<T>, Vec<T>, Vec<T>) = (download_t(&dq), download_t(&kc), download_t(&vc));
     let what = format!("{} {c:?}", T::NAME);
-    let normed_rotated = |x: &[T], which: usize, pos: i32| norm.model(which, x, pos as f64, (BASE, rot, style), EPS);
+    // A token's heads of q or k, normalized and rotated in f64.
+    let normed_rotated =
+        |x: &[T], which: usize, pos: i32| norm.model_token(which, (x, d), pos as f64, (BASE, rot, style), EPS);
 
     // The caches: tokens in order, the last writer of a slot wins; every other element as it was.
     let mut want_k: Vec<Option<f64>> = vec![None; cache_len];
@@ -92,12 +97,14 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     for t in 0..tokens {
         let Some(n) = draw.target(t) else { continue };
         let (b, s) = (t / seq, t % seq);
+        // (k's heads of a token lie together: `k_l` is contiguous.)
+        let row = k_l.offset + b * k_l.strides[0] + s * k_l.strides[1];
+        let y = normed_rotated(&k_host[row..row + hk * d], 1, draw.positions[t]);
         for h in 0..hk {
-            let src = k_l.offset + b * k_l.strides[0] + s * k_l.strides[1] + h * k_l.strides[2];
-            let y = normed_rotated(&k_host[src..src + d], 1, draw.positions[t]);
+            let src = row + h * k_l.strides[2];
             let dst = row_at(&cache_layout, n / block_size, n % block_size, h);
             for i in 0..d {
-                want_k[dst + i] = Some(y[i]);
+                want_k[dst + i] = Some(y[h * d + i]);
             }
             want_v[dst..dst + d].copy_from_slice(&v_host[src..src + d]);
         }
@@ -108,12 +115,10 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     }
     let mut want_q: Vec<Option<f64>> = vec![None; q_host.len()];
     for t in 0..tokens {
-        for h in 0..hq {
-            let at = (t * hq + h) * d;
-            let y = normed_rotated(&q_host[at..at + d], 0, draw.positions[t]);
-            for i in 0..d {
-                want_q[at + i] = Some(y[i]);
-            }
+        let at = t * hq * d;
+        let y = normed_rotated(&q_host[at..at + hq * d], 0, draw.positions[t]);
+        for (i, v) in y.into_iter().enumerate() {
+            want_q[at + i] = Some(v);
         }
     }
     check(&q_out, &want_q, &q_host, d, &format!("{what}: q"));
@@ -170,6 +175,35 @@ fn cases() -> Vec<Case> {
             f32_weights: false,
         });
     }
+    // OLMo 2's whole-projection norm: decode (the `_d` kernels' 8-byte lanes where a token's q
+    // heads fit a block, else `_p`), blocks of several tokens (small heads), a token's items
+    // past one block (32 q heads of 128; 31: k's moved to the next block's start), MHA, k
+    // alone, partial rotary, and past the scan's and the one-head limits (claimed `_p`).
+    let whole =
+        |(hq, hk, d, rot): (usize, usize, usize, usize), (batch, seq), cache, source, style, f32_weights| Case {
+            kind: NormKind::RmsProjection,
+            style,
+            head_dim: d,
+            rotary_dim: rot,
+            q_heads: hq,
+            kv_heads: hk,
+            batch,
+            seq,
+            cache,
+            source,
+            f32_weights,
+        };
+    let (neox, gptj) = (RopeStyle::NeoX, RopeStyle::GptJ);
+    v.extend([
+        whole((8, 2, 128, 128), (3, 5), CacheKind::PagedNhd(40, 16), CosSin::Table, neox, false),
+        whole((4, 4, 64, 32), (3, 5), CacheKind::Bshd(64), CosSin::Computed, gptj, true),
+        whole((32, 8, 128, 128), (2, 3), CacheKind::PagedHnd(9, 32), CosSin::Computed, neox, false),
+        whole((31, 8, 128, 128), (3, 5), CacheKind::PagedNhd(40, 16), CosSin::Table, gptj, false),
+        whole((16, 16, 128, 64), (3, 5), CacheKind::Bshd(64), CosSin::Table, gptj, false),
+        whole((0, 2, 256, 256), (3, 5), CacheKind::PagedNhd(40, 16), CosSin::Table, neox, true),
+        whole((6, 2, 128, 128), (2, 150), CacheKind::Bhsd(300), CosSin::Computed, neox, false),
+        whole((6, 2, 128, 128), (3, 2800), CacheKind::Bshd(2800), CosSin::Table, gptj, false),
+    ]);
     v
 }
 
@@ -288,6 +322,42 @@ fn bad_norms_are_typed_errors() {
     a.cache = RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None };
     a.norm = Some(RawNorm { kind: NormKind::RmsUnit, eps: 1e-6, q_weight: None, k_weight: None });
     assert!(matches!(validate_append(&wide, &a), Err(Error::Norm(_))), "{:?}", validate_append(&wide, &a));
+
+    // A whole-projection norm: weights of the projections' lengths (32 q heads, 8 kv heads of
+    // 128), a token's q heads in one block of at most 1024 threads.
+    let olmo = RawNorm {
+        kind: NormKind::RmsProjection,
+        eps: 1e-6,
+        q_weight: weight(8, 32 * 128, DType::BF16),
+        k_weight: weight(9, 8 * 128, DType::BF16),
+    };
+    validate_append(&config, &raw_args(Some(olmo))).unwrap();
+    let head_sized = raw_args(Some(RawNorm { k_weight: weight(9, 128, DType::BF16), ..olmo }));
+    assert!(
+        matches!(
+            validate_append(&config, &head_sized),
+            Err(Error::Length { what: "k norm weight", expected: 1024, .. })
+        ),
+        "{:?}",
+        validate_append(&config, &head_sized)
+    );
+    let no_weights = raw_args(Some(RawNorm { q_weight: None, k_weight: None, ..olmo }));
+    assert!(matches!(validate_append(&config, &no_weights), Err(Error::Norm(_))));
+    // 80 q heads of 128 in f32: 40 KiB, past one block's 512 lanes of 32 bytes.
+    let f32_config = RopeConfig::new(128, 4096).dtype(DType::F32);
+    let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::F32, layout);
+    let mut a = raw_args(None);
+    let (new, cache) = (Layout::bshd(4, 1, 8, 128), Layout::bshd(64, 16, 8, 128));
+    (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 80, 128))), t(2, new), t(3, new));
+    a.cache = RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None };
+    a.norm =
+        Some(RawNorm { q_weight: weight(8, 80 * 128, DType::F32), k_weight: weight(9, 8 * 128, DType::F32), ..olmo });
+    assert!(matches!(validate_append(&f32_config, &a), Err(Error::Norm(_))), "{:?}", validate_append(&f32_config, &a));
+    // OLMo 2 32B's 40 q heads of 128 in bf16: 320 lanes of 16 bytes a block.
+    let mut a = raw_args(None);
+    a.q = Some(RawTensor::new(GB, 4 * 40 * 128, DType::BF16, Layout::bshd(4, 1, 40, 128)));
+    a.norm = Some(RawNorm { q_weight: weight(8, 40 * 128, DType::BF16), ..olmo });
+    validate_append(&config, &a).unwrap();
 }
 
 /// A bad norm through the launching API: an error, and q and both caches bit-unchanged.
@@ -343,8 +413,12 @@ fn hf_configs_give_the_models_norms() {
     let glm = r#"{"model_type": "glm4_moe", "use_qk_norm": true, "rms_norm_eps": 1e-5}"#;
     assert_eq!(norm(glm, 0).unwrap(), Some((NormKind::Rms, 1e-5)));
     assert_eq!(norm(r#"{"model_type": "llama", "rms_norm_eps": 1e-5}"#, 0).unwrap(), None);
+    // OLMo 2 and 3: the whole q and k projections.
+    for olmo in [r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6}"#, r#"{"model_type": "olmo3", "rms_norm_eps": 1e-6}"#]
+    {
+        assert_eq!(norm(olmo, 0).unwrap(), Some((NormKind::RmsProjection, 1e-6)));
+    }
     for json in [
-        r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6}"#,
         r#"{"model_type": "persimmon", "qk_layernorm": true}"#,
         r#"{"model_type": "somebody_new", "use_qk_norm": true}"#,
     ] {

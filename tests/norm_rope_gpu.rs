@@ -47,7 +47,9 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     // q, k and v heads side by side in one buffer per token (a fused projection's output).
     let row = (hq + 2 * hk) * d;
     let conv = |v: Vec<f32>| v.into_iter().map(T::from_f32).collect::<Vec<T>>();
-    let qkv0 = conv(norm_heads(seed, 10, tokens * row, d));
+    // Whole-projection norms: every third token small (eps matters there).
+    let unit = if kind == NormKind::RmsProjection { row } else { d };
+    let qkv0 = conv(norm_heads(seed, 10, tokens * row, unit));
     let view = |h0: usize, heads: usize| Layout::strided([batch, seq, heads, d], [seq * row, row, d], h0 * d);
     let (q_l, k_l) = (view(0, hq), view(hq, hk));
     // Positions inside the table, but for one token past it (skipped, recorded).
@@ -55,7 +57,7 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         uniform_vec(seed, 11, tokens).iter().map(|u| ((u + 1.0) * 0.5 * (MAX_POS - 1) as f32) as i32).collect();
     let skipped = tokens / 2;
     positions[skipped] = MAX_POS as i32 + 7;
-    let norm = TestNorm::<T>::new(kind, seed, d, c.f32_weights);
+    let norm = TestNorm::<T>::new(kind, seed, (d, [hq, hk]), c.f32_weights);
 
     let config = RopeConfig::new(d, MAX_POS).rotary_dim(rot).style(style).dtype(T::DTYPE).base(BASE).cos_sin(source);
     let rope = Rope::new(&g.kernels, config).unwrap();
@@ -103,18 +105,20 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
         }
     }
     let what = format!("{} {c:?}", T::NAME);
-    let normed_rotated = |x: &[T], which: usize, pos: i32| norm.model(which, x, pos as f64, (BASE, rot, style), EPS);
+    // A token's heads of q or k, normalized and rotated in f64.
+    let normed_rotated =
+        |x: &[T], which: usize, pos: i32| norm.model_token(which, (x, d), pos as f64, (BASE, rot, style), EPS);
     // What each head should hold, at its offset in the buffer it is written to.
     let expect = |len: usize, out: &dyn Fn(usize, usize, usize) -> usize| {
         let mut want: Vec<Option<f64>> = vec![None; len];
         for t in (0..tokens).filter(|&t| t != skipped) {
             for (h0, heads, which) in [(0, hq, 0), (hq, hk, 1)] {
+                let src = t * row + h0 * d;
+                let y = normed_rotated(&qkv0[src..src + heads * d], which, positions[t]);
                 for h in 0..heads {
-                    let src = t * row + (h0 + h) * d;
-                    let y = normed_rotated(&qkv0[src..src + d], which, positions[t]);
                     let at = out(t, h0, h);
                     for i in 0..d {
-                        want[at + i] = Some(y[i]);
+                        want[at + i] = Some(y[h * d + i]);
                     }
                 }
             }
@@ -191,6 +195,34 @@ fn cases() -> Vec<Case> {
             in_place,
             source,
             f32_weights: false,
+        });
+    }
+    // OLMo 2's whole-projection norm (one head a thread): blocks of several tokens (small
+    // heads), GQA, q alone, partial rotary, a token's q and k past one block in f32 (17 and 20
+    // heads of 128: k's moved to the next block's start), and many tokens.
+    for (i, (hq, hk, d, rot, (batch, seq))) in [
+        (8, 2, 128, 128, (3, 7)),
+        (4, 0, 64, 32, (3, 7)),
+        (3, 3, 256, 256, (2, 5)),
+        (16, 4, 128, 64, (2, 9)),
+        (17, 20, 128, 128, (2, 5)),
+        (6, 2, 128, 128, (2, 2100)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push(Case {
+            kind: NormKind::RmsProjection,
+            style: if i % 2 == 0 { RopeStyle::NeoX } else { RopeStyle::GptJ },
+            head_dim: d,
+            rotary_dim: rot,
+            q_heads: hq,
+            k_heads: hk,
+            batch,
+            seq,
+            in_place: i % 3 != 1,
+            source: if i < 3 { CosSin::Table } else { CosSin::Computed },
+            f32_weights: i == 2,
         });
     }
     v

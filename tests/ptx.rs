@@ -4,7 +4,8 @@
 use std::sync::LazyLock;
 
 use rope_cuda_kernels::entries::axes::{
-    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES,
+    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WHOLE_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES,
+    STYLES, TYPES, WHOLE_WIDTHS,
 };
 use rope_cuda_kernels::entries::EntryPoint;
 
@@ -57,33 +58,39 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // The counts are the products of the axes the list is generated from.
     let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
     // RoPE by the caller's tables (`_t`): each style and type, one row kind, every width; and
-    // the QK-norm's (`_n`) at their widths (all 16-byte), with each row kind and source.
+    // the QK-norm's (`_n`, and `_w` for a whole projection) at their widths (all 16-byte),
+    // with each row kind and source.
     let caller = STYLES.len() * TYPES.len();
-    let normed = per_width * ROPE_NORM_WIDTHS.len();
-    let rope = (per_width + caller) * ROPE_WIDTHS.len() + normed;
-    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1) + normed);
+    let (normed, whole) = (per_width * ROPE_NORM_WIDTHS.len(), per_width * ROPE_WHOLE_WIDTHS.len());
+    let rope = (per_width + caller) * ROPE_WIDTHS.len() + normed + whole;
+    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1) + normed + whole);
     assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_n")).count(), normed);
+    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_w")).count(), whole);
     assert_eq!(named("rope_").len(), rope);
     assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source, into caches of the inputs' type and into
     // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
-    // claim; the FP8 caches' read into each element type; and the QK-norm's (`_n`) at their
-    // widths, with each row kind, source and operand type.
+    // claim; the FP8 caches' read into each element type; and the QK-norm's (`_n`, `_w`) at
+    // their widths, with each row kind, source and operand type.
     let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
     let kv = per_width * KV_WIDTHS.len()
         + fp8_per_width * KV_WIDTHS.len()
-        + (per_width + fp8_per_width) * NORM_WIDTHS.len()
+        + (per_width + fp8_per_width) * (NORM_WIDTHS.len() + WHOLE_WIDTHS.len())
         + TYPES.len() * CALLER_WIDTHS.len()
         + 1
         + TYPES.len();
     assert_eq!(named("kv_read_").len(), TYPES.len());
     assert_eq!(named("kv_").len(), kv);
     // FP8 caches: every width.
-    let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len();
+    let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
     assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * fp8_widths);
     assert_eq!(
         named("kv_").into_iter().filter(|n| n.ends_with("_n")).count(),
         (per_width + fp8_per_width) * NORM_WIDTHS.len()
+    );
+    assert_eq!(
+        named("kv_").into_iter().filter(|n| n.ends_with("_w")).count(),
+        (per_width + fp8_per_width) * WHOLE_WIDTHS.len()
     );
     // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(named("").len(), rope + kv + 4);
@@ -120,8 +127,8 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
     }
     for &name in vector {
         let b = body(ptx, name);
-        // The QK-norm's twins (`_n`) read and write as their plain kernels.
-        let name = name.strip_suffix("_n").unwrap_or(name);
+        // The QK-norm's twins (`_n`, `_w`) read and write as their plain kernels.
+        let name = name.strip_suffix("_n").or_else(|| name.strip_suffix("_w")).unwrap_or(name);
         assert!(b.contains("ld.global.v4.b32"), "{name}: no 16-byte global load");
         assert!(b.contains("st.global.v4.b32"), "{name}: no 16-byte global store");
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "ld.global.f32"] {
@@ -160,13 +167,15 @@ fn kernels_have_no_local_memory_or_panics() {
 /// ones run it at 1/64 rate): integer and f32 arithmetic only.
 #[test]
 fn computed_kernels_use_no_fp64() {
-    let computed = named("").into_iter().filter(|n| n.ends_with("_c") || n.ends_with("_c_n")).collect::<Vec<_>>();
-    let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len();
+    let computed = named("")
+        .into_iter()
+        .filter(|n| n.ends_with("_c") || n.ends_with("_c_n") || n.ends_with("_c_w"))
+        .collect::<Vec<_>>();
+    let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
+    let rope_widths = ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + ROPE_WHOLE_WIDTHS.len();
     assert_eq!(
         computed.len(),
-        STYLES.len()
-            * ROWS.len()
-            * (TYPES.len() * (ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + kv_widths) + FP8_TYPES.len() * kv_widths),
+        STYLES.len() * ROWS.len() * (TYPES.len() * (rope_widths + kv_widths) + FP8_TYPES.len() * kv_widths),
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {

@@ -173,21 +173,29 @@ fn step(
     // Timing rotates q again and again; the values do not matter for speed.
     let runs = 200;
     let op = time_op(stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
-    // The same step with Qwen3's QK-norm (bf16 weights, eps 1e-6) in the launch.
+    // The same step with a QK-norm in the launch (`whole`: OLMo 2's, else Qwen3's).
     let (qw, kw) = (upload(&seeded(19, d))?, upload(&seeded(20, d))?);
-    let mut normed = || {
+    // OLMo 2's weights, [heads x head_dim]: one statistic per token for the whole q
+    // projection and one for k's, each token's heads in one block.
+    let (qow, kow) = (upload(&seeded(21, hq * d))?, upload(&seeded(22, hk * d))?);
+    let mut normed_with = |whole: bool| {
         let mut cache = KvCache::paged(&mut kc, &mut vc, cache_layout);
         let mut q = TensorMut::new(&mut dq, ql);
+        let norm = if whole { QkNorm::olmo(&qow, &kow, 1e-6) } else { QkNorm::rms(&qw, &kw, 1e-6) };
         rope.append_kv(
             rope_cuda::KvAppend::new(&Tensor::new(&dk, kl), &Tensor::new(&dv, kl), &mut cache, pos)
                 .q(&mut q)
                 .slots(&dslots)
-                .norm(QkNorm::rms(&qw, &kw, 1e-6)),
+                .norm(norm),
             stream,
         )
     };
-    let norm_op = time_op(stream, 20, runs, &mut normed)?;
-    let norm_device = if decode { Some(time_device(kernels, stream, 20, runs, &mut normed)?) } else { None };
+    let norm_op = time_op(stream, 20, runs, || normed_with(false))?;
+    let norm_device = if decode { Some(time_device(kernels, stream, 20, runs, || normed_with(false))?) } else { None };
+    let olmo_op = match decode {
+        true => time_device(kernels, stream, 20, runs, || normed_with(true))?,
+        false => time_op(stream, 20, runs, || normed_with(true))?,
+    };
     let against = if decode {
         // RoPE on q and k in place, then the append as its own launch (which rotates k once
         // more: the same work as a plain append plus a few FMAs).
@@ -274,6 +282,13 @@ fn step(
                 ulps: 0,
             });
         }
+        extra.push(KvRow {
+            name: "decode + OLMo 2 norm, device",
+            what: format!("{shape}, whole projections"),
+            op: olmo_op,
+            against: Against::Baseline("decode step, device", device),
+            ulps: 0,
+        });
         extra.push(KvRow {
             name: "decode, graph replay",
             what: format!("{shape}, device"),
@@ -363,6 +378,13 @@ fn step(
             name: "prefill + QK-norm",
             what: format!("bf16 {seqs}x{new} tok, Qwen3 norm"),
             op: norm_op,
+            against: Against::Copy(copy, (2 * accesses) as u64),
+            ulps: 0,
+        });
+        extra.push(KvRow {
+            name: "prefill + OLMo 2 norm",
+            what: format!("bf16 {seqs}x{new} tok, whole projections"),
+            op: olmo_op,
             against: Against::Copy(copy, (2 * accesses) as u64),
             ulps: 0,
         });

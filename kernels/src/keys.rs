@@ -134,7 +134,7 @@ pub enum TableSource {
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c][_n]`), parameters
+/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c][_n|_w]`), parameters
 /// [`crate::params::RopeParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
@@ -150,9 +150,12 @@ pub struct RopeKey {
     pub source: TableSource,
     /// QK-norm of each head before the rotation (`_n`; widths `_v` and `_p`).
     pub norm: bool,
+    /// With `norm`: the statistic over a token's whole q projection and whole k projection
+    /// (`_w` rather than `_n`, OLMo 2's; width `_p`).
+    pub whole: bool,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c][_n]`), parameters
+/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c][_n|_w]`), parameters
 /// [`crate::params::KvParams`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
@@ -170,6 +173,9 @@ pub struct KvKey {
     /// QK-norm of q's and k's heads before the rotation (`_n`; the library's sources, widths
     /// `_d`, `_p` and `_v`).
     pub norm: bool,
+    /// With `norm`: the statistic over a token's whole q projection and whole k projection
+    /// (`_w` rather than `_n`, OLMo 2's; widths `_d` and `_p`).
+    pub whole: bool,
 }
 
 /// `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back, dequantized into the output's type

@@ -5,7 +5,7 @@
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
-use crate::norm::{LaneAt, NormLane};
+use crate::norm::{LaneAt, NormLane, Whole};
 use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::KV_LOADS_AFTER_FILL;
@@ -234,6 +234,7 @@ pub(crate) unsafe fn kv_append<
     const G: usize,
     const SCAN: bool,
     const NORM: bool,
+    const WHOLE: bool,
 >(
     p: &KvParams,
 ) {
@@ -333,14 +334,34 @@ pub(crate) unsafe fn kv_append<
     // thread of the block stays until then: the `_n` kernels' heads lie inside one warp, whose
     // every lane takes part).
     let normed = NORM && item.is_some() && (is_q || is_k);
-    let norm_at = LaneAt { rotating, lane, half, copy_at };
-    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type, 16-byte
-    // aligned where `vector`); `lane` is a lane of the launch's geometry.
-    let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, normed, norm_at) };
+    let norm_at = LaneAt { rotating, lane, half, copy_at, head: h0 as usize };
+    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for each
+    // head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of the
+    // launch's geometry.
+    let norm_bits = unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, normed, norm_at) };
+    // A whole-projection norm's head sums: this thread's, and its projection's first group
+    // (`w` is the item's index in its segment).
+    let whole = move || Whole {
+        parts: core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>()
+            .wrapping_add(p.shared(block_dim().0, shared, p.source.computed()).bytes as usize)
+            as *mut f32,
+        thread: thread_idx().0,
+        first: thread_idx().0.wrapping_sub(w),
+        groups: heads,
+    };
     // SAFETY: every thread of the block calls it at once (one of two call sites runs).
     let norm_of = move || unsafe {
         let data = (&rows, &first, &first_copy);
-        NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, normed, norm_at, data, norm_bits, slots.divisor)
+        NormLane::of::<S, R, C, G, WHOLE>(
+            &p.norm,
+            is_k as usize,
+            normed,
+            norm_at,
+            data,
+            norm_bits,
+            slots.divisor,
+            whole,
+        )
     };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.

@@ -13,6 +13,12 @@
 //! A lane's weights are loaded with its inputs (`NormLane::load`, device code) and its head's statistic
 //! taken later (`NormLane::of`), once the position's and slot's loads are on their way: the
 //! norm's arithmetic then runs while they are in flight.
+//!
+//! A whole-projection norm (OLMo 2 and 3: the statistic over all of a token's heads of q, and
+//! of k, the weights `[heads × head_dim]`) runs in kernels of its own (`_w`, one head a thread) on blocks
+//! that hold each token's q heads, and its k heads, whole (the host's geometry): each head's
+//! sum goes to shared memory, and after a barrier every lane adds its projection's head sums
+//! in the same order (`Whole`), so that every head of a token gets the same factor.
 
 use crate::keys::DType;
 #[cfg(target_arch = "nvptx64")]
@@ -35,12 +41,25 @@ pub struct NormView {
     pub offset: f32,
     /// Added to the mean of the squares (positive, finite).
     pub eps: f32,
-    /// `1 / dim` in f32 (`dim`: the elements of a head, the mean's divisor).
-    pub inv_dim: f32,
+    /// `1 / n` in f32 for q's statistic (0) and k's (1), `n` the mean's divisor: `head_dim`,
+    /// or for a whole-projection norm the projection's `heads × head_dim`.
+    pub inv_dim: [f32; 2],
     /// 1 where the weights are of the inputs' type and 16-byte aligned: a lane loads its
     /// weights with its own accesses (the weights lie as a head's elements do); 0: element
     /// by element.
     pub vector: u32,
+    /// Bytes from one head's weights to the next: 0 where every head takes the same
+    /// `[head_dim]` weights; `head_dim` weights' bytes for a whole-projection norm (weights
+    /// `[heads × head_dim]`, the statistic over the token's heads: the `_w` kernels).
+    pub head_step: u32,
+}
+
+impl NormView {
+    /// Whether the statistic is taken over all of a token's heads (a whole-projection norm).
+    #[inline(always)]
+    pub fn whole(&self) -> bool {
+        self.head_step != 0
+    }
 }
 
 /// `1 / sqrt(sum * inv_dim + eps)` in f32, without calls or branches: the mean plus `eps` in
@@ -209,6 +228,21 @@ pub(crate) struct LaneAt {
     pub lane: usize,
     pub half: usize,
     pub copy_at: usize,
+    /// The first head of the lane's group (the weights' head for a whole-projection norm).
+    pub head: usize,
+}
+
+/// Where a lane of a whole-projection norm finds its projection's head sums: `parts`, one f32
+/// per thread of the block in its dynamic shared memory; the thread's index in the block;
+/// the block index of its projection's first lane, and the projection's groups (its heads),
+/// `slots` apart.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Whole {
+    pub parts: *mut f32,
+    pub thread: u32,
+    pub first: u32,
+    pub groups: u32,
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -220,14 +254,21 @@ impl NormLane {
     ///
     /// # Safety
     /// Where `on`, the weights' buffers hold `head_dim` elements as the host checked them
-    /// (16-byte aligned where `vector`), and `at` is a lane of the launch's geometry.
+    /// (16-byte aligned where `vector`; for a whole-projection norm, `head_dim` for each head
+    /// of the projection), and `at` is a lane of the launch's geometry.
     #[inline(always)]
-    pub unsafe fn load<S: Style, R: Io, C: Io>(view: &NormView, which: usize, on: bool, at: LaneAt) -> [Bits; 2] {
+    pub unsafe fn load<S: Style, R: Io, C: Io, const WHOLE: bool>(
+        view: &NormView,
+        which: usize,
+        on: bool,
+        at: LaneAt,
+    ) -> [Bits; 2] {
         let base = view.weights[which];
         if !on || base == 0 || view.vector == 0 {
             return [[0; 4]; 2];
         }
-        let rows = Rows { src: base as *const u8, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
+        let src = (base as *const u8).wrapping_add(head_offset::<WHOLE>(view, at.head));
+        let rows = Rows { src, dst: core::ptr::null_mut(), src_step: 0, dst_step: 0, count: 1 };
         // SAFETY: the caller's contract: the weights lie as a head's elements, aligned as the
         // inputs' accesses.
         unsafe {
@@ -243,14 +284,18 @@ impl NormLane {
     /// here) and its weights' bits from [`NormLane::load`]: the squares of the lane's elements
     /// of each head summed over its group of `slots` lanes ([`group_sum`]), each head's factor
     /// ([`inv_rms`]), and the lane's weights plus the offset. Lanes not `on` add nothing and
-    /// get [`NormLane::OFF`]'s values.
+    /// get [`NormLane::OFF`]'s values. A whole-projection norm (`WHOLE`, the one-head `_w`
+    /// kernels): each group's first lane puts its head's sum in `whole()`'s `parts`, and after
+    /// a barrier each lane adds its projection's, in order.
     ///
     /// # Safety
-    /// Every lane of the warp calls it at once (the shuffles: `G` sums each); `on` lanes as
+    /// Every lane of the warp calls it at once (the shuffles: `G` sums each), and with `WHOLE`
+    /// every thread of the block (the barrier), with `whole()` as
+    /// [`Whole`] says, its projection's groups inside the block; `on` lanes as
     /// [`NormLane::load`]'s contract, and the `count` heads of `rows` lie in their buffer.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn of<S: Style, R: Io, C: Io, const G: usize>(
+    pub unsafe fn of<S: Style, R: Io, C: Io, const G: usize, const WHOLE: bool>(
         view: &NormView,
         which: usize,
         on: bool,
@@ -258,9 +303,12 @@ impl NormLane {
         (rows, first, first_copy): (&Rows, &[Bits; 2], &Bits),
         bits: [Bits; 2],
         slots: u32,
+        whole: impl Fn() -> Whole,
     ) -> NormLane {
-        const { assert!(G <= NORM_HEADS) };
+        const { assert!(G <= NORM_HEADS && (!WHOLE || G == 1)) };
         let mut norm = NormLane { on, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
+        // (q's and k's divisors differ only for a whole projection.)
+        let inv_dim = if WHOLE && which != 0 { view.inv_dim[1] } else { view.inv_dim[0] };
         // Unrolled (constant indices: the factors stay in registers).
         unrolled(G, |h| {
             let mut sum = 0.0f32;
@@ -283,9 +331,17 @@ impl NormLane {
                 });
             }
             // The caller's contract: every lane of the warp is here.
-            norm.r[h] = inv_rms(group_sum(sum, slots), view.inv_dim, view.eps);
+            let sum = group_sum(sum, slots);
+            norm.r[h] = if WHOLE {
+                // SAFETY: the caller's contract: every thread of the block is here, `parts`
+                // holds one f32 per thread, and the projection's groups lie in the block.
+                unsafe { inv_rms(whole_sum(whole(), on && at.lane == 0, on, sum, slots), inv_dim, view.eps) }
+            } else {
+                inv_rms(sum, inv_dim, view.eps)
+            };
         });
         let base = view.weights[which];
+        let head = at.head;
         if on && base != 0 && view.vector != 0 {
             if at.rotating {
                 unrolled(S::lane_pairs::<R>(), |j| {
@@ -302,36 +358,76 @@ impl NormLane {
                 // SAFETY: the caller's contract: `d0` and `d1` are dims of the head, inside the
                 // weights' buffers.
                 unsafe {
-                    norm.w[0][j] = weight(view, which, d0);
-                    norm.w[1][j] = weight(view, which, d1);
+                    norm.w[0][j] = weight::<WHOLE>(view, which, head, d0);
+                    norm.w[1][j] = weight::<WHOLE>(view, which, head, d1);
                 }
             });
         } else if on {
             let d = at.copy_at / C::SIZE;
             unrolled(C::E, |i| {
                 // SAFETY: as above: the copying lane's dims are the head's.
-                norm.w[0][i] = unsafe { weight(view, which, d + i) };
+                norm.w[0][i] = unsafe { weight::<WHOLE>(view, which, head, d + i) };
             });
         }
         norm
     }
 }
 
-/// The weight of element `d` of the norm `view`'s weights for q (`which == 0`) or k (1), in
-/// f32 with the offset added; 1 without weights.
+/// The sum of a whole projection's head sums for a lane (`on`: of q or k) of the block:
+/// `head_sum` put in `parts` where `leader` (its group's first lane), a barrier, then the
+/// projection's `groups` sums added in order (every lane of a projection the same value).
 ///
 /// # Safety
-/// The weights' buffer holds element `d` of `view.w_type`, aligned for it, not written during
+/// Every thread of the block calls it (the barrier); `w.parts` holds one f32 per thread of
+/// the block, and the projection's groups (`w.first + g * slots`, `g < w.groups`) are threads
+/// of the block whose leaders are `on`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn whole_sum(w: Whole, leader: bool, on: bool, head_sum: f32, slots: u32) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if leader {
+            *w.parts.add(w.thread as usize) = head_sum;
+        }
+        crate::mem::sync_threads();
+        let mut total = 0.0f32;
+        if on {
+            for g in 0..w.groups {
+                total += *w.parts.add((w.first + g * slots) as usize);
+            }
+        }
+        total
+    }
+}
+
+/// The byte offset of head `head`'s weights: `head × head_step` in the whole-projection
+/// kernels (`WHOLE`), 0 in the others.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn head_offset<const WHOLE: bool>(view: &NormView, head: usize) -> usize {
+    if WHOLE {
+        head * view.head_step as usize
+    } else {
+        0
+    }
+}
+
+/// The weight of element `d` of head `head` of the norm `view`'s weights for q (`which == 0`)
+/// or k (1) (every head's the same but for a whole-projection norm, [`head_offset`]), in f32
+/// with the offset added; 1 without weights.
+///
+/// # Safety
+/// The weights' buffer holds that element of `view.w_type`, aligned for it, not written during
 /// the kernel.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn weight(view: &NormView, which: usize, d: usize) -> f32 {
+pub(crate) unsafe fn weight<const WHOLE: bool>(view: &NormView, which: usize, head: usize, d: usize) -> f32 {
     use crate::gpu::{load_elem_nc, Bf16, Elem, F16, F32};
     let base = view.weights[which];
     if base == 0 {
         return 1.0;
     }
-    let at = (base as *const u8).wrapping_add(d * view.w_type.size());
+    let at = (base as *const u8).wrapping_add(head_offset::<WHOLE>(view, head) + d * view.w_type.size());
     // SAFETY: the caller's contract.
     let w = unsafe {
         match view.w_type {

@@ -132,7 +132,8 @@ pub struct SharedLayout {
     pub rows: u32,
     /// Where the staged angle table starts.
     pub angles: u32,
-    /// The launch's dynamic shared memory.
+    /// The launch's dynamic shared memory (but a whole-projection norm's head sums, after it:
+    /// [`SharedLayout::with_norm_sums`]).
     pub bytes: u32,
 }
 
@@ -152,6 +153,14 @@ impl SharedLayout {
             None => SharedLayout { rows, angles: rows, bytes: rows },
         }
     }
+
+    /// The launch's dynamic shared memory with, for a whole-projection norm (`whole`,
+    /// [`crate::norm::NormView::whole`]), its head sums after the rest (at `bytes`, 16-byte
+    /// aligned): one f32 per thread of blocks of `block_dim`.
+    #[inline(always)]
+    pub fn with_norm_sums(self, whole: bool, block_dim: u32) -> u32 {
+        self.bytes + if whole { 4 * block_dim } else { 0 }
+    }
 }
 
 /// The f32 per cos (and per sin) row of the block rows: `half` rounded up to 4, so that each
@@ -168,7 +177,8 @@ pub fn groups(heads: u32, g: u32) -> u32 {
 }
 
 /// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{s,v,p}[_m][_c]`, and their
-/// QK-norm twins `…_p[_m][_c]_n` (each head of q and k normalized first, [`NormView`]; in place
+/// QK-norm twins `…_{v,p}[_m][_c]_n` and `…_p[_m][_c]_w` (each head of q and k normalized
+/// first, or `_w` each token's whole q and k projections, [`NormView`]; in place
 /// too, the dims past `rotary_dim` then taken by copying lanes), the products of
 /// [`crate::entries::axes`].
 ///
@@ -177,7 +187,7 @@ pub fn groups(heads: u32, g: u32) -> u32 {
 /// the grid (`blockIdx.y`), so that indices stay 32-bit; token `t` is batch `t / seq`,
 /// sequence index `t % seq`. `lanes = rot_lanes + copy_lanes`, and the heads of q, then of k,
 /// are taken in groups of `G` ([`heads_per_thread`]): item `w` is group `w / slots`, lane
-/// `w % slots` ([`RopeParams::group_slots`]: `lanes`, or for the `_n` kernels [`lane_slots`]
+/// `w % slots` ([`RopeParams::group_slots`]: `lanes`, or for the `_n` and `_w` kernels [`lane_slots`]
 /// of them, the slots past `lanes` idle). With a power of two of lanes up to 32 (head dims 64, 128, 256) each group
 /// lies inside one warp; others may straddle two (the KV kernels' mapping, [`kv_segments`],
 /// keeps every group in one warp; measured on RoPE's own, it cost 1 to 1.7 points of copy
@@ -216,16 +226,25 @@ pub struct RopeParams {
     /// Tokens per row of the grid (see [`work_item`]).
     pub chunk: u32,
     /// Items a head group takes in the mapping: 0 for `rot_lanes + copy_lanes` (no idle
-    /// slots); the QK-norm kernels (`_n`) take [`lane_slots`] of them, so that each group lies
+    /// slots); the QK-norm kernels (`_n`, `_w`) take [`lane_slots`] of them, so that each group lies
     /// inside one warp (its lanes sum their squares with the warp's shuffles).
     pub slots: u32,
-    /// The QK-norm of the `_n` kernels (ignored by the others).
+    /// The QK-norm of the `_n` and `_w` kernels (ignored by the others).
     pub norm: NormView,
+    /// The `_n` and `_w` kernels' first group of k among a token's items: q's groups, or, for
+    /// a whole-projection norm (`_w`) whose q and k would straddle a block's end, the next block's
+    /// first (the groups between idle). 0 for the others.
+    pub k_group: u32,
+    /// The `_n` and `_w` kernels' items per token: `(k_group + k_groups) * slots`, or for a
+    /// whole-projection norm in blocks of fewer threads, that rounded up to the block (the
+    /// items past the last group idle). 0 for the others.
+    pub items: u32,
 }
 
 /// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}[_fp8]_{s,d,p,v}[_m][_c]`
 /// (the library's table or computed cos and sin; `_fp8`: FP8 caches, either format), their
-/// QK-norm twins `…_{d,p,v}[_m][_c]_n` (each head of q and k normalized first, [`NormView`]; q's
+/// QK-norm twins `…_{d,p,v}[_m][_c]_n` and `…_{d,p}[_m][_c]_w` (each head of q and k
+/// normalized first, or `_w` each token's whole q and k projections, [`NormView`]; q's
 /// lanes then include the copying ones, as k's), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
 /// tables, in the element type) and `kv_claim` (see [`crate::entries::axes`]).
 ///
@@ -265,7 +284,7 @@ pub struct KvParams {
     pub pairs: Pairs,
     /// Where cos and sin come from (the library's table, computed, or the caller's tables).
     pub source: SourceView,
-    /// The RMS norm of q's and k's heads before the rotation (the `_n` kernels; unread by
+    /// The RMS norm of q's and k's heads before the rotation (the `_n` and `_w` kernels; unread by
     /// the others).
     pub norm: NormView,
     /// The tokens' positions and their valid range.
@@ -364,10 +383,13 @@ impl RopeParams {
     }
 
     /// The work items per token of the mapping at `g` heads per thread: `(q_groups +
-    /// k_groups) * slots` ([`RopeParams::group_slots`]).
+    /// k_groups) * slots` ([`RopeParams::group_slots`]), or the `_n` and `_w` kernels' `items`.
     #[inline(always)]
     pub fn work(&self, g: u32) -> u32 {
-        (groups(self.q.heads, g) + groups(self.k.heads, g)) * self.group_slots()
+        match self.items {
+            0 => (groups(self.q.heads, g) + groups(self.k.heads, g)) * self.group_slots(),
+            items => items,
+        }
     }
 
     /// The items a head group takes: `slots`, or without it `rot_lanes + copy_lanes`.

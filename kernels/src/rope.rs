@@ -2,7 +2,7 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::norm::{LaneAt, NormLane};
+use crate::norm::{LaneAt, NormLane, Whole};
 use crate::params::{block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockInputs, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
@@ -33,6 +33,7 @@ pub(crate) unsafe fn rope<
     P: PairRows,
     const G: usize,
     const NORM: bool,
+    const WHOLE: bool,
 >(
     p: &RopeParams,
 ) {
@@ -41,13 +42,16 @@ pub(crate) unsafe fn rope<
     // The normed kernels' groups take a power of two of slots (inside one warp).
     let slots = if NORM { p.slots } else { lanes };
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
-    let items = (gq + gk) * slots;
+    // The whole-projection kernels take k's first group and the items per token from the host
+    // (which keeps q's and k's groups each inside one block).
+    let (k_group, items) = if WHOLE { (p.k_group, p.items) } else { (gq, (gq + gk) * slots) };
     // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
     unsafe {
         core::hint::assert_unchecked(lanes != 0);
         core::hint::assert_unchecked(slots != 0 && slots >= lanes);
         core::hint::assert_unchecked(gq + gk != 0);
         core::hint::assert_unchecked(items != 0);
+        core::hint::assert_unchecked(k_group >= gq);
         core::hint::assert_unchecked(p.seq != 0);
     }
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
@@ -59,20 +63,32 @@ pub(crate) unsafe fn rope<
     let (token, work) = item.unwrap_or((0, 0));
     let (b, s) = (token / p.seq, token % p.seq);
     let (group, lane) = (work / slots, work % slots);
-    // Idle: a slot past its group's lanes.
-    let item = item.filter(|_| lane < lanes);
-    let (view, h0, heads) =
-        if group < gq { (&p.q, group * G as u32, p.q.heads) } else { (&p.k, (group - gq) * G as u32, p.k.heads) };
+    let is_k = group >= k_group;
+    let (view, h0, heads) = match is_k {
+        false => (&p.q, group * G as u32, p.q.heads),
+        // (The whole-projection kernels' groups between q's and k's: idle, below.)
+        true => (&p.k, (group - k_group) * G as u32, p.k.heads),
+    };
+    // Idle: a slot past its group's lanes, or (whole-projection kernels) a group past q's or
+    // k's heads.
+    let item = item.filter(|_| lane < lanes && (!WHOLE || h0 < heads));
     let (b, s, h0) = (b as u64, s as u64, h0 as u64);
     let rows = Rows {
         src: (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE),
         dst: (view.output as *mut u8).wrapping_add(view.out_offset(b, s, h0) as usize * W::SIZE),
         src_step: view.in_strides[2] as usize * R::SIZE,
         dst_step: view.out_strides[2] as usize * W::SIZE,
-        count: (heads - h0 as u32).min(G as u32) as usize,
+        // (Every group has a head but the whole-projection kernels' idle ones.)
+        count: if WHOLE { heads.saturating_sub(h0 as u32) } else { heads - h0 as u32 }.min(G as u32) as usize,
     };
-    // SAFETY: just computed; lets the compiler drop the head loop where G is 1.
-    unsafe { core::hint::assert_unchecked(rows.count >= 1 && rows.count <= G) };
+    // SAFETY: just computed (at least one head where there is an item, and in every group
+    // but the whole-projection kernels' idle ones); lets the compiler drop the head loop where
+    // G is 1.
+    unsafe { core::hint::assert_unchecked(rows.count <= G && (!WHOLE || item.is_none() || rows.count >= 1)) };
+    if !WHOLE {
+        // SAFETY: as above.
+        unsafe { core::hint::assert_unchecked(rows.count >= 1) };
+    }
     let half = p.pairs.half();
     // The first head's data does not depend on the position: load it before the position
     // (and the table entries that depend on it) arrive.
@@ -118,12 +134,20 @@ pub(crate) unsafe fn rope<
         return;
     }
     let (first, first_copy) = if early { (first, first_copy) } else { (load_first(), load_copy()) };
-    let is_k = group >= gq;
-    let norm_at = LaneAt { rotating, lane: lane as usize, half: half as usize, copy_at };
+    let norm_at = LaneAt { rotating, lane: lane as usize, half: half as usize, copy_at, head: h0 as usize };
     // The lane's norm weights with its inputs.
-    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type, 16-byte
-    // aligned where `vector`); `lane` is a lane of the launch's geometry.
-    let norm_bits = unsafe { NormLane::load::<S, R, C>(&p.norm, is_k as usize, NORM && item.is_some(), norm_at) };
+    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for
+    // each head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of the
+    // launch's geometry.
+    let norm_bits =
+        unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, NORM && item.is_some(), norm_at) };
+    // A whole-projection norm's head sums: this thread's, and its projection's first group.
+    let whole = || Whole {
+        parts: inputs.base.wrapping_add(p.shared(block_dim().0, items, p.source.computed()).bytes as usize) as *mut f32,
+        thread: thread_idx().0,
+        first: thread_idx().0.wrapping_sub(work.wrapping_sub(if is_k { k_group * slots } else { 0 })),
+        groups: heads,
+    };
     // SAFETY: the positions buffer holds every token's entry.
     let raw = item.map(|_| unsafe { P::load(&p.positions, token, b as u32, s as u32) });
     // The statistic while the position is in flight: every thread of the block is here.
@@ -131,7 +155,16 @@ pub(crate) unsafe fn rope<
         // SAFETY: as above; every lane of the warp calls it.
         true => unsafe {
             let data = (&rows, &first, &first_copy);
-            NormLane::of::<S, R, C, G>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots)
+            NormLane::of::<S, R, C, G, WHOLE>(
+                &p.norm,
+                is_k as usize,
+                item.is_some(),
+                norm_at,
+                data,
+                norm_bits,
+                slots,
+                whole,
+            )
         },
         false => NormLane::OFF,
     };

@@ -420,11 +420,14 @@ pub fn norm_heads(seed: u64, tensor: u64, n: usize, d: usize) -> Vec<f32> {
     x
 }
 
-/// The weights of a kind: around 1 for `Rms`, around 0 for `RmsOnePlus`, none for `RmsUnit`.
-pub fn norm_weights(kind: rope_cuda::NormKind, seed: u64, tensor: u64, d: usize) -> Option<Vec<f32>> {
-    let w = rope_cuda::reference::uniform_vec(seed, tensor, d);
+/// The weights of a kind (`n` of them): around 1 for `Rms` and `RmsProjection`, around 0 for
+/// `RmsOnePlus`, none for `RmsUnit`.
+pub fn norm_weights(kind: rope_cuda::NormKind, seed: u64, tensor: u64, n: usize) -> Option<Vec<f32>> {
+    let w = rope_cuda::reference::uniform_vec(seed, tensor, n);
     match kind {
-        rope_cuda::NormKind::Rms => Some(w.iter().map(|v| 1.0 + 0.5 * v).collect()),
+        rope_cuda::NormKind::Rms | rope_cuda::NormKind::RmsProjection => {
+            Some(w.iter().map(|v| 1.0 + 0.5 * v).collect())
+        }
         rope_cuda::NormKind::RmsOnePlus => Some(w.iter().map(|v| 0.5 * v).collect()),
         _ => None,
     }
@@ -463,15 +466,18 @@ pub struct TestNorm<T: TestElem> {
 }
 
 impl<T: TestElem> TestNorm<T> {
-    /// Seeded weights of `d` elements.
-    pub fn new(kind: rope_cuda::NormKind, seed: u64, d: usize, f32_weights: bool) -> Self {
+    /// Seeded weights for heads of `d` elements: `d` of them, or for `RmsProjection` those of
+    /// `heads[0]` q heads and `heads[1]` k heads.
+    pub fn new(kind: rope_cuda::NormKind, seed: u64, (d, heads): (usize, [usize; 2]), f32_weights: bool) -> Self {
+        let whole = kind == rope_cuda::NormKind::RmsProjection;
+        let len = |i: usize| if whole { heads[i].max(1) * d } else { d };
         let round = |w: Vec<f32>| -> Vec<f32> {
             match f32_weights {
                 true => w,
                 false => w.into_iter().map(|v| T::from_f32(v).to_f64() as f32).collect(),
             }
         };
-        let w = [norm_weights(kind, seed, 20, d).map(round), norm_weights(kind, seed, 21, d).map(round)];
+        let w = [norm_weights(kind, seed, 20, len(0)).map(round), norm_weights(kind, seed, 21, len(1)).map(round)];
         let f32_dev = [0, 1].map(|i| upload_t(w[i].as_deref().unwrap_or(&[0.0])));
         let typed =
             |w: &Option<Vec<f32>>| w.as_deref().unwrap_or(&[0.0]).iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>();
@@ -488,9 +494,32 @@ impl<T: TestElem> TestNorm<T> {
             (NormKind::RmsUnit, _) => QkNorm::unit(eps),
             (NormKind::Rms, true) => QkNorm::rms(q32, k32, eps),
             (NormKind::Rms, false) => QkNorm::rms(qt, kt, eps),
+            (NormKind::RmsProjection, true) => QkNorm::olmo(q32, k32, eps),
+            (NormKind::RmsProjection, false) => QkNorm::olmo(qt, kt, eps),
             (_, true) => QkNorm::gemma(q32, k32, eps),
             (_, false) => QkNorm::gemma(qt, kt, eps),
         }
+    }
+
+    /// A token's heads `x` (`[heads, d]`) of q (`which == 0`) or k (1) normalized with `eps` in
+    /// f64 (each head, or for `RmsProjection` all of them at once), then each rotated forward
+    /// at `pos` (NeoX or GPT-J pairs over `rot` dims, `base`).
+    pub fn model_token(
+        &self,
+        which: usize,
+        (x, d): (&[T], usize),
+        pos: f64,
+        (base, rot, style): (f64, usize, rope_cuda::RopeStyle),
+        eps: f32,
+    ) -> Vec<f64> {
+        if self.kind != rope_cuda::NormKind::RmsProjection {
+            return x.chunks(d).flat_map(|h| self.model(which, h, pos, (base, rot, style), eps)).collect();
+        }
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let y = rope_cuda::reference::rms_norm_row(&x, self.host[which].as_deref(), 0.0, eps as f64);
+        let rotate =
+            |h: &[f64]| rope_cuda::reference::rope_row(h, pos, base, rot, style, rope_cuda::Direction::Forward);
+        y.chunks(d).flat_map(rotate).collect()
     }
 
     /// Head `x` of q (`which == 0`) or k (1) normalized with `eps` in f64, then rotated forward

@@ -3,12 +3,14 @@
 
     python3 tests/data/make_golden_qknorm.py tests/data/qknorm
 
-One tiny random model per family whose attention normalizes q and k per head: Qwen3 (RMSNorm
-with a weight, before the rotation), Gemma 3 (RMSNorm with 1 + w, before the rotation) and
-Llama 4 (a weightless RMS norm after the rotation, on its RoPE layers). Each is built with
+One tiny random model per family whose attention normalizes q and k: Qwen3 (RMSNorm of each
+head with a weight, before the rotation), Gemma 3 (RMSNorm with 1 + w, before the rotation),
+Llama 4 (a weightless RMS norm after the rotation, on its RoPE layers) and OLMo 2 (RMSNorm of
+the whole q and k projections, across heads, before the rotation). Each is built with
 `AutoConfig.for_model` in float32 with 2 or 4 layers and small sizes, its norm weights drawn at
-random (Qwen3's around 1, Gemma 3's around 0), and q_proj's and k_proj's rows of head 0 scaled
-by 2^-10 so that eps matters there. One forward pass runs on random token ids at random
+random (Qwen3's and OLMo 2's around 1, Gemma 3's around 0), and q_proj's and k_proj's rows of
+head 0 scaled by 2^-10 so that eps matters there (OLMo 2: all of layer 0's rows, since its
+statistic is the whole projection's). One forward pass runs on random token ids at random
 positions below 64 (transformers forms its angles in float32), and the pass records, per
 attention layer, q and k as they enter the norm-and-rotation (Qwen3 and Gemma 3: the norm
 modules' inputs; Llama 4: the rotary function's inputs) and as they leave it (the rotary
@@ -20,8 +22,8 @@ Written per model type `T`:
       b"RPQKN1\\0\\0"
       u32 seq, i64 positions[seq], u32 records
       records x { u32 layer, u32 which (0: q, 1: k), u32 heads, u32 dim, u32 weighted,
-                  f32 weight[dim] if weighted, f32 before[seq * heads * dim],
-                  f32 after[seq * heads * dim] }          # [seq, heads, dim]
+                  f32 weight[dim] if weighted == 1, f32 weight[heads * dim] if weighted == 2,
+                  f32 before[seq * heads * dim], f32 after[seq * heads * dim] }   # [seq, heads, dim]
 """
 import json
 import os
@@ -58,6 +60,7 @@ MODELS = {
         no_rope_layers=[1, 1, 1, 0],
         attention_chunk_size=512,
     ),
+    "olmo2": dict(),
 }
 
 
@@ -86,12 +89,16 @@ def main(out):
         for i, attn in attention_layers(model):
             with torch.no_grad():
                 for proj in (attn.q_proj, attn.k_proj):
-                    proj.weight[:d] *= 2.0**-10
+                    if model_type == "olmo2":
+                        if i == 0:
+                            proj.weight *= 2.0**-10
+                    else:
+                        proj.weight[:d] *= 2.0**-10
                 for name in ("q_norm", "k_norm"):
                     norm = getattr(attn, name, None)
                     if norm is not None and hasattr(norm, "weight"):
                         w = torch.rand(norm.weight.shape, generator=gen) - 0.5
-                        norm.weight.copy_(w + 1.0 if model_type == "qwen3" else w)
+                        norm.weight.copy_(w + 1.0 if model_type in ("qwen3", "olmo2") else w)
             attn.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__("layer", i))
             for which, name in ((0, "q_norm"), (1, "k_norm")):
                 norm = getattr(attn, name, None)
@@ -147,12 +154,15 @@ def main(out):
         blob += struct.pack("<I", len(done))
         for (layer, which) in done:
             r = records[(layer, which)]
-            # [T, H, D] (Gemma 3 normalizes [H, T, D]).
+            # [T, H, D] (Gemma 3 normalizes [H, T, D]; OLMo 2 the projection, [T, H * D]).
             tokens_first = lambda x: x if x.shape[0] == SEQ else x.transpose(0, 1)
-            before, after = tokens_first(r["before"][0].float()), tokens_first(r["after"][0].float())
+            after = tokens_first(r["after"][0].float())
+            before = r["before"][0].float()
+            before = before.reshape(SEQ, -1, d) if before.dim() == 2 else tokens_first(before)
             assert before.shape == after.shape and before.shape[0] == SEQ, (model_type, before.shape, after.shape)
             heads, dim = before.shape[1], before.shape[2]
-            blob += struct.pack("<IIIII", layer, which, heads, dim, r["weight"] is not None)
+            weighted = 0 if r["weight"] is None else (1 if r["weight"].numel() == dim else 2)
+            blob += struct.pack("<IIIII", layer, which, heads, dim, weighted)
             if r["weight"] is not None:
                 blob += r["weight"].float().contiguous().numpy().tobytes()
             blob += before.contiguous().numpy().tobytes()
