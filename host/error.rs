@@ -186,8 +186,9 @@ pub enum Error {
         eps: f32,
     },
     /// A QK-norm that does not fit its kind or the launch: weights missing for a weighted
-    /// kind or given to [`NormKind::RmsUnit`](crate::NormKind::RmsUnit), or views whose
-    /// heads the normed kernels cannot take (see the message).
+    /// kind or given to [`NormKind::RmsUnit`](crate::NormKind::RmsUnit), views whose
+    /// heads the normed kernels cannot take, or a whole projection past one block (see the
+    /// message).
     #[error("qk norm: {0}")]
     Norm(&'static str),
     /// A device address is not aligned to what is read there (its element size; 16 bytes for
