@@ -124,6 +124,29 @@ fn norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     check(&q_out, &want_q, &q_host, d, &format!("{what}: q"));
 }
 
+/// A case of `kind` with heads `(q, kv, head_dim, rotary_dim)` and `(batch, seq)` tokens.
+fn case(
+    kind: NormKind,
+    (hq, hk, d, rot): (usize, usize, usize, usize),
+    (batch, seq): (usize, usize),
+    (cache, source, style): (CacheKind, CosSin, RopeStyle),
+    f32_weights: bool,
+) -> Case {
+    Case {
+        kind,
+        style,
+        head_dim: d,
+        rotary_dim: rot,
+        q_heads: hq,
+        kv_heads: hk,
+        batch,
+        seq,
+        cache,
+        source,
+        f32_weights,
+    }
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     let caches = [CacheKind::Bshd(64), CacheKind::PagedNhd(40, 16), CacheKind::PagedHnd(9, 32), CacheKind::Bhsd(300)];
@@ -137,20 +160,8 @@ fn cases() -> Vec<Case> {
                     let (d, rot) = [(128, 128), (256, 256), (64, 32), (128, 64)][i % 4];
                     // Decode (15 tokens: the scanning `_d` kernels), or past the scan's limit
                     // (the claimed `_p` kernels) on the 300-row contiguous cache.
-                    let (batch, seq) = if ci == 3 { (2, 150) } else { (3, 5) };
-                    v.push(Case {
-                        kind: kinds[i % 3],
-                        style,
-                        head_dim: d,
-                        rotary_dim: rot,
-                        q_heads: hq,
-                        kv_heads: hk,
-                        batch,
-                        seq,
-                        cache,
-                        source,
-                        f32_weights: i % 5 == 1,
-                    });
+                    let tokens = if ci == 3 { (2, 150) } else { (3, 5) };
+                    v.push(case(kinds[i % 3], (hq, hk, d, rot), tokens, (cache, source, style), i % 5 == 1));
                     i += 1;
                 }
             }
@@ -161,38 +172,15 @@ fn cases() -> Vec<Case> {
     for (style, source, kind) in
         [(RopeStyle::NeoX, CosSin::Table, NormKind::Rms), (RopeStyle::GptJ, CosSin::Computed, NormKind::RmsOnePlus)]
     {
-        v.push(Case {
-            kind,
-            style,
-            head_dim: 128,
-            rotary_dim: 128,
-            q_heads: 6,
-            kv_heads: 2,
-            batch: 3,
-            seq: 2800,
-            cache: CacheKind::Bshd(2800),
-            source,
-            f32_weights: false,
-        });
+        v.push(case(kind, (6, 2, 128, 128), (3, 2800), (CacheKind::Bshd(2800), source, style), false));
     }
     // OLMo 2's whole-projection norm: decode (the `_d` kernels' 8-byte lanes where a token's q
     // heads fit a block, else `_p`), blocks of several tokens (small heads), a token's items
     // past one block (32 q heads of 128; 31: k's moved to the next block's start), MHA, k
     // alone, partial rotary, and past the scan's and the one-head limits (claimed `_p`).
-    let whole =
-        |(hq, hk, d, rot): (usize, usize, usize, usize), (batch, seq), cache, source, style, f32_weights| Case {
-            kind: NormKind::RmsProjection,
-            style,
-            head_dim: d,
-            rotary_dim: rot,
-            q_heads: hq,
-            kv_heads: hk,
-            batch,
-            seq,
-            cache,
-            source,
-            f32_weights,
-        };
+    let whole = |heads, tokens, cache, source, style, f32_weights| {
+        case(NormKind::RmsProjection, heads, tokens, (cache, source, style), f32_weights)
+    };
     let (neox, gptj) = (RopeStyle::NeoX, RopeStyle::GptJ);
     v.extend([
         whole((8, 2, 128, 128), (3, 5), CacheKind::PagedNhd(40, 16), CosSin::Table, neox, false),

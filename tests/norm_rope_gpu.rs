@@ -147,6 +147,29 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     }
 }
 
+/// A case of `kind` with heads `(q, k, head_dim, rotary_dim)` and `(batch, seq)` tokens.
+fn case(
+    kind: NormKind,
+    (hq, hk, d, rot): (usize, usize, usize, usize),
+    (batch, seq): (usize, usize),
+    (in_place, source, style): (bool, CosSin, RopeStyle),
+    f32_weights: bool,
+) -> Case {
+    Case {
+        kind,
+        style,
+        head_dim: d,
+        rotary_dim: rot,
+        q_heads: hq,
+        k_heads: hk,
+        batch,
+        seq,
+        in_place,
+        source,
+        f32_weights,
+    }
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     let kinds = [NormKind::Rms, NormKind::RmsOnePlus, NormKind::RmsUnit];
@@ -157,20 +180,8 @@ fn cases() -> Vec<Case> {
                 for (hq, hk) in [(8, 2), (4, 0), (3, 3)] {
                     // Head dims of Llama/Qwen3 (128), Gemma (256), small ones, and partial rotary.
                     let (d, rot) = [(128, 128), (256, 256), (64, 32), (128, 64)][i % 4];
-                    let (batch, seq) = if i % 3 == 0 { (2, 333) } else { (3, 7) };
-                    v.push(Case {
-                        kind: kinds[i % 3],
-                        style,
-                        head_dim: d,
-                        rotary_dim: rot,
-                        q_heads: hq,
-                        k_heads: hk,
-                        batch,
-                        seq,
-                        in_place,
-                        source,
-                        f32_weights: i % 5 == 1,
-                    });
+                    let tokens = if i % 3 == 0 { (2, 333) } else { (3, 7) };
+                    v.push(case(kinds[i % 3], (hq, hk, d, rot), tokens, (in_place, source, style), i % 5 == 1));
                     i += 1;
                 }
             }
@@ -183,47 +194,25 @@ fn cases() -> Vec<Case> {
         (RopeStyle::GptJ, CosSin::Computed, false, NormKind::RmsOnePlus),
         (RopeStyle::NeoX, CosSin::Computed, false, NormKind::RmsUnit),
     ] {
-        v.push(Case {
-            kind,
-            style,
-            head_dim: 128,
-            rotary_dim: 128,
-            q_heads: 6,
-            k_heads: 2,
-            batch: 2,
-            seq: 2100,
-            in_place,
-            source,
-            f32_weights: false,
-        });
+        v.push(case(kind, (6, 2, 128, 128), (2, 2100), (in_place, source, style), false));
     }
     // OLMo 2's whole-projection norm (one head a thread): blocks of several tokens (small
     // heads), GQA, q alone, partial rotary, a token's q and k past one block in f32 (17 and 20
     // heads of 128: k's moved to the next block's start), and many tokens.
-    for (i, (hq, hk, d, rot, (batch, seq))) in [
-        (8, 2, 128, 128, (3, 7)),
-        (4, 0, 64, 32, (3, 7)),
-        (3, 3, 256, 256, (2, 5)),
-        (16, 4, 128, 64, (2, 9)),
-        (17, 20, 128, 128, (2, 5)),
-        (6, 2, 128, 128, (2, 2100)),
+    for (i, (heads, tokens)) in [
+        ((8, 2, 128, 128), (3, 7)),
+        ((4, 0, 64, 32), (3, 7)),
+        ((3, 3, 256, 256), (2, 5)),
+        ((16, 4, 128, 64), (2, 9)),
+        ((17, 20, 128, 128), (2, 5)),
+        ((6, 2, 128, 128), (2, 2100)),
     ]
     .into_iter()
     .enumerate()
     {
-        v.push(Case {
-            kind: NormKind::RmsProjection,
-            style: if i % 2 == 0 { RopeStyle::NeoX } else { RopeStyle::GptJ },
-            head_dim: d,
-            rotary_dim: rot,
-            q_heads: hq,
-            k_heads: hk,
-            batch,
-            seq,
-            in_place: i % 3 != 1,
-            source: if i < 3 { CosSin::Table } else { CosSin::Computed },
-            f32_weights: i == 2,
-        });
+        let style = if i % 2 == 0 { RopeStyle::NeoX } else { RopeStyle::GptJ };
+        let source = if i < 3 { CosSin::Table } else { CosSin::Computed };
+        v.push(case(NormKind::RmsProjection, heads, tokens, (i % 3 != 1, source, style), i == 2));
     }
     v
 }
