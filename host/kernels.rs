@@ -103,6 +103,8 @@ fn pick(capability: u32, requested: Option<&str>) -> Result<&'static ArchPtx> {
 #[derive(Debug)]
 struct Loaded {
     function: cuda::CUfunction,
+    /// The most threads a block of it may have (its registers decide).
+    max_threads: u32,
     _module: Module,
 }
 
@@ -233,13 +235,18 @@ impl Kernels {
 
     /// The entry point's function, loading its module into this context on first use.
     fn function(&self, ep: EntryPoint) -> Result<cuda::CUfunction> {
+        self.entry(ep).map(|l| l.function)
+    }
+
+    /// The entry point as loaded, its module loaded into this context on first use.
+    fn entry(&self, ep: EntryPoint) -> Result<&Loaded> {
         let cell = &self.entries[ep as usize];
         if let Some(loaded) = cell.get() {
-            return Ok(loaded.function);
+            return Ok(loaded);
         }
         let mut spent = self.loading.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(loaded) = cell.get() {
-            return Ok(loaded.function);
+            return Ok(loaded);
         }
         let name = ep.name();
         let ptx = self.ptx.module(name).ok_or(Error::KernelLoad { name, source: cust::error::CudaError::NotFound })?;
@@ -249,15 +256,15 @@ impl Kernels {
         let load = || -> Result<Loaded> {
             let module = Module::from_ptx(&ptx, &[]).map_err(|source| Error::KernelLoad { name, source })?;
             let function = module.get_function(name).map_err(|source| Error::KernelLoad { name, source })?.to_raw();
-            Ok(Loaded { function, _module: module })
+            let max_threads = driver::func_max_threads(function)? as u32;
+            Ok(Loaded { function, max_threads, _module: module })
         };
         let loaded = load();
         driver::ctx_pop_current()?;
         *spent += start.elapsed();
         let loaded = loaded?;
-        let function = loaded.function;
-        let _ = cell.set(loaded);
-        Ok(function)
+        // No other thread sets it while the lock is held.
+        Ok(cell.get_or_init(move || loaded))
     }
 
     /// The ordinal of the device this module was loaded on (its context's device).
@@ -309,7 +316,7 @@ impl Kernels {
             return Ok(());
         }
         let ep = key.entry_point().ok_or_else(|| Error::NoKernel { key: format!("{key:?}") })?;
-        let limit = driver::func_max_threads(self.function(ep)?)? as u32;
+        let limit = self.entry(ep)?.max_threads;
         match threads <= limit {
             true => Ok(()),
             false => Err(Error::TooLarge {
