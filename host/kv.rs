@@ -15,7 +15,7 @@ use crate::launch::{
     heads_view, lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
 };
 use crate::layout::Layout;
-use crate::norm::{norm_view, whole_kv_layout, QkNorm, RawNorm, RawWeight};
+use crate::norm::{norm_view, whole_kv_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -661,10 +661,7 @@ pub(crate) fn plan_kv(
                 kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
             (k, v, work, BLOCK_THREADS)
         }
-        true => layout_of(width).ok_or(Error::Norm(
-            "a whole-projection norm takes a token's q heads (and its k heads) in one block of at most 512 \
-             threads, one per 32 bytes of a rotated head: up to 16 KiB of a projection",
-        ))?,
+        true => layout_of(width).ok_or(Error::Norm(WHOLE_TOO_LARGE))?,
     };
     let Some((geometry, chunk)) = block_geometry(tokens as u32, work, block)? else { return Ok(None) };
 

@@ -219,6 +219,10 @@ pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize, heads: [Option<usize>; 
 /// it at launch), where 1024 would need at most 64, which most `_w` kernels exceed.
 pub(crate) const WHOLE_BLOCK_MAX: u64 = 512;
 
+/// [`Error::Norm`]'s message for a projection past WHOLE_BLOCK_MAX lanes.
+pub(crate) const WHOLE_TOO_LARGE: &str = "a whole-projection norm takes a token's q heads (and its k heads) in one \
+     block of at most 512 threads, one per 32 bytes of a rotated head: up to 16 KiB of a projection";
+
 /// The blocks of a whole-projection norm, which keep each token's q heads and its k heads
 /// inside one block: a token's items (`items(k_start)`, k's segment placed at `k_start`) in
 /// one block where they are at most WHOLE_BLOCK_MAX (several tokens a block up to the

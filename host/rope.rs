@@ -16,7 +16,7 @@ use crate::launch::{
     block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, heads_view,
     lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
 };
-use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawWeight};
+use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawWeight, WHOLE_TOO_LARGE};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
 use crate::tensor::{Positions, RawArgs, RawTensor, Tensor, TensorMut};
@@ -572,21 +572,14 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
         return Err(Error::DType { what, expected: config.dtype, got });
     }
-    // The normed kernels take k's first group and the items per token from the parameters.
-    let (params, block) = match (norm.is_some(), whole) {
-        (false, _) => (params, BLOCK_THREADS),
-        (true, false) => {
-            let k_group = groups(params.q.heads, g);
-            let items = (k_group + groups(params.k.heads, g)) * params.slots;
-            (RopeParams { k_group, items, ..params }, BLOCK_THREADS)
-        }
-        (true, true) => {
+    // A whole-projection norm's kernels take k's first group and the items per token from the
+    // parameters, and blocks that hold a token's q heads and its k heads whole.
+    let (params, block) = match whole {
+        false => (params, BLOCK_THREADS),
+        true => {
             let (q_heads, k_heads) = (params.q.heads as u64, params.k.heads as u64);
             let (k_group, items, block) =
-                whole_rope_layout(q_heads, k_heads, params.slots as u64).ok_or(Error::Norm(
-                    "a whole-projection norm takes a token's q heads (and its k heads) in one block of at most 512 \
-                     threads, one per 32 bytes of a rotated head: up to 16 KiB of a projection",
-                ))?;
+                whole_rope_layout(q_heads, k_heads, params.slots as u64).ok_or(Error::Norm(WHOLE_TOO_LARGE))?;
             (RopeParams { k_group, items, ..params }, block)
         }
     };
