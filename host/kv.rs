@@ -1136,6 +1136,33 @@ mod tests {
         let p = plan_kv(&spec(), &a).unwrap().unwrap();
         assert_eq!((p.key.width, p.key.whole, p.claim), (KvWidth::Prefill, true, true));
         assert!(p.geometry.block.0 as u64 <= crate::norm::WHOLE_BLOCK_MAX);
+        // Every type and style, decode and past the scan (claimed), into its own caches and
+        // into FP8 ones: a `_w` kernel.
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+                for (seq, fp8) in [(3, false), (300, false), (3, true)] {
+                    let s = KvSpec { style, dtype, ..spec() };
+                    let typed = |t: RawTensor, dtype| RawTensor { dtype, ..t };
+                    let mut a = RawKvArgs { norm: Some(weights(8, 2)), ..args() };
+                    let new = |i, h| typed(tensor(i, Layout::bshd(2, seq, h, 128)), dtype);
+                    (a.q, a.k, a.v) = (Some(new(1, 8)), new(2, 2), new(3, 2));
+                    a.positions.len = 2 * seq;
+                    a.slots = Some((7 * BASE, 2 * seq));
+                    let cache_type = if fp8 { DType::E4M3 } else { dtype };
+                    (a.cache.k, a.cache.v) = (typed(a.cache.k, cache_type), typed(a.cache.v, cache_type));
+                    if fp8 {
+                        a.cache.scales = Some(RawScales { k: (10 * BASE, 2), v: (11 * BASE, 2), per_head: true });
+                    }
+                    let retyped = |w: Option<RawWeight>| w.map(|w| RawWeight { dtype, ..w });
+                    let n = weights(8, 2);
+                    a.norm = Some(RawNorm { q_weight: retyped(n.q_weight), k_weight: retyped(n.k_weight), ..n });
+                    let p = plan_kv(&s, &a).unwrap().unwrap();
+                    let what = format!("{dtype:?} {style:?} {seq} {fp8}");
+                    assert!(p.key.whole && p.key.entry_point().is_some(), "{what}: {:?}", p.key);
+                    assert_eq!(p.claim, seq > KV_SCAN_MAX_TOKENS, "{what}");
+                }
+            }
+        }
         // The per-head norm keeps the `_n` kernels.
         let per_head = RawNorm { kind: NormKind::Rms, ..weights(1, 1) };
         let p = plan_kv(&spec(), &RawKvArgs { norm: Some(per_head), ..args() }).unwrap().unwrap();

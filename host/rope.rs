@@ -546,7 +546,9 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     // k heads, whole).
     let whole = norm.is_some_and(|n| n.whole());
     let one = one || whole;
-    let width = match (vector, g > 1 && one) {
+    // (The one-head kernels where `g` is 1 too: `_p`, not `_v` with one head, for the
+    // whole-projection norm, whose kernels are `_p` alone.)
+    let width = match (vector, (g > 1 && one) || whole) {
         (false, _) => RopeWidth::Scalar,
         (true, false) => RopeWidth::Vector,
         (true, true) => RopeWidth::Single,
@@ -660,6 +662,38 @@ mod tests {
         let p = plan(&config, &RawArgs { q_out: out, k_out, ..args }).unwrap().unwrap();
         assert_eq!((p.params.rot_lanes, p.params.copy_lanes), (64 / 16, 64 / 8));
         assert_eq!(p.params.sin_sign, 1.0);
+    }
+
+    /// A whole-projection norm: the one-head `_p` kernels (`_w`) in every type and style, also
+    /// where the planner would take `_v` with one head (f32 NeoX from the table), blocks that
+    /// hold a token's q and k heads, and `k_group` and `items` for the kernel.
+    #[test]
+    fn plans_whole_projection_norms() {
+        use crate::norm::{NormKind, RawNorm};
+        use crate::RawWeight;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+                let (config, args) = args_tokens(RopeConfig::new(128, 4096).style(style), dtype, 4096);
+                let weight = |ptr: u64, heads: usize| Some(RawWeight { ptr: ptr << 36, len: heads * 128, dtype });
+                let norm = RawNorm {
+                    kind: NormKind::RmsProjection,
+                    eps: 1e-6,
+                    q_weight: weight(4, 32),
+                    k_weight: weight(5, 8),
+                };
+                let p = plan(&config, &RawArgs { norm: Some(norm), ..args }).unwrap().unwrap();
+                let what = format!("{dtype:?} {style:?}");
+                assert_eq!((p.key.width, p.key.norm, p.key.whole), (RopeWidth::Single, true, true), "{what}");
+                assert!(p.key.entry_point().is_some(), "{what}");
+                // Lanes of 32 bytes: 8 a head in 16-bit types, 16 in f32. A token's 32 + 8 heads
+                // fit one block in 16 bits (320 items); in f32 (640) q's 512 and k's 128 take
+                // blocks of 512, k's in the second.
+                let (k_group, items, block) = if dtype == DType::F32 { (32, 1024, 512) } else { (32, 320, 320) };
+                assert_eq!((p.params.k_group, p.params.items, p.geometry.block.0), (k_group, items, block), "{what}");
+                let layout = p.params.shared(block, items, p.params.source.computed());
+                assert_eq!(p.shared, layout.bytes + 4 * block, "{what}");
+            }
+        }
     }
 
     /// [`args_with`] for 2 sequences of `seq` tokens, 32 q and 8 k heads, far-apart buffers.
