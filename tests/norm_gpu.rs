@@ -465,3 +465,42 @@ fn normed_step_replays_from_a_recorded_graph() {
     assert_eq!(bits(&eager.2), bits(&replayed.2), "value cache");
     assert_ne!(bits(&eager.0), bits(&q0), "q was not normed and rotated");
 }
+
+/// Every case of the matrix plans in each type (the plan alone, no GPU needed): a case the
+/// planner refuses fails here, on any machine, before the GPU run.
+#[test]
+fn every_case_plans() {
+    for c in cases() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (d, hq, hk, tokens) = (c.head_dim, c.q_heads, c.kv_heads, c.batch * c.seq);
+            let (cache, paged) = c.cache.layout(c.batch, hk, d);
+            let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), dtype, layout);
+            let new = |i, h| t(i, Layout::bshd(c.batch, c.seq, h, d));
+            let w_type = if c.f32_weights { DType::F32 } else { dtype };
+            let len = |h: usize| if c.kind == NormKind::RmsProjection { h.max(1) * d } else { d };
+            let (q_weight, k_weight) = match c.kind {
+                NormKind::RmsUnit => (None, None),
+                _ => (weight(8, len(hq), w_type), weight(9, len(hk), w_type)),
+            };
+            let args = RawKvArgs {
+                q: (hq > 0).then(|| new(1, hq)),
+                q_fp8: None,
+                k: new(2, hk),
+                v: new(3, hk),
+                cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged, scales: None },
+                positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: tokens },
+                slots: paged.then_some((7 * GB, tokens)),
+                norm: Some(RawNorm { kind: c.kind, eps: EPS, q_weight, k_weight }),
+            };
+            let config = RopeConfig::new(d, MAX_POS)
+                .rotary_dim(c.rotary_dim)
+                .style(c.style)
+                .dtype(dtype)
+                .base(BASE)
+                .cos_sin(c.source);
+            if let Err(e) = validate_append(&config, &args) {
+                panic!("{dtype:?} {c:?}: {e}");
+            }
+        }
+    }
+}

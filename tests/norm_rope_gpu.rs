@@ -362,3 +362,48 @@ fn normed_rope_replays_from_a_recorded_graph() {
     assert_eq!(bits(&eager.1), bits(&replayed.1), "k");
     assert_ne!(bits(&eager.0), bits(&q0), "q was not normed and rotated");
 }
+
+/// Every case of the matrix plans in each type (the plan alone, no GPU needed): a case the
+/// planner refuses fails here, on any machine, before the GPU run.
+#[test]
+fn every_case_plans() {
+    for c in cases() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (d, hq, hk, tokens) = (c.head_dim, c.q_heads, c.k_heads, c.batch * c.seq);
+            // q and k as views of one qkv buffer, as the GPU test lays them out.
+            let row = (hq + 2 * hk) * d;
+            let qkv = |h0: usize, heads: usize| {
+                let l = Layout::strided([c.batch, c.seq, heads, d], [c.seq * row, row, d], h0 * d);
+                RawTensor::new(GB, tokens * row, dtype, l)
+            };
+            let out = |i: u64, heads: usize| {
+                let l = Layout::bshd(c.batch, c.seq, heads, d);
+                RawTensor::new(i * GB, l.extent().unwrap(), dtype, l)
+            };
+            let w_type = if c.f32_weights { DType::F32 } else { dtype };
+            let len = |h: usize| if c.kind == NormKind::RmsProjection { h.max(1) * d } else { d };
+            let (q_weight, k_weight) = match c.kind {
+                NormKind::RmsUnit => (None, None),
+                _ => (weight(5, len(hq), w_type), weight(6, len(hk), w_type)),
+            };
+            let args = RawArgs {
+                q: qkv(0, hq),
+                q_out: (!c.in_place).then(|| out(2, hq)),
+                k: (hk > 0).then(|| qkv(hq, hk)),
+                k_out: (!c.in_place && hk > 0).then(|| out(3, hk)),
+                positions: RawPositions { kind: PositionKind::IdsI32, ptr: 4 * GB, len: tokens },
+                direction: Direction::Forward,
+                norm: Some(RawNorm { kind: c.kind, eps: EPS, q_weight, k_weight }),
+            };
+            let config = RopeConfig::new(d, MAX_POS)
+                .rotary_dim(c.rotary_dim)
+                .style(c.style)
+                .dtype(dtype)
+                .base(BASE)
+                .cos_sin(c.source);
+            if let Err(e) = validate(&config, &args) {
+                panic!("{dtype:?} {c:?}: {e}");
+            }
+        }
+    }
+}
