@@ -398,6 +398,8 @@ impl HfConfig {
     /// use rope_cuda::{HfConfig, NormKind};
     /// let qwen3 = HfConfig::parse(r#"{"model_type": "qwen3", "head_dim": 128, "rms_norm_eps": 1e-6}"#)?;
     /// assert_eq!(qwen3.qk_norm(0)?, Some((NormKind::Rms, 1e-6)));
+    /// let olmo2 = HfConfig::parse(r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6}"#)?;
+    /// assert_eq!(olmo2.qk_norm(0)?, Some((NormKind::RmsProjection, 1e-6)));
     /// let llama = HfConfig::parse(r#"{"model_type": "llama", "rms_norm_eps": 1e-5}"#)?;
     /// assert_eq!(llama.qk_norm(0)?, None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
