@@ -405,8 +405,11 @@ impl KvPlan {
     /// [`Core::prepare`] passed.
     pub unsafe fn launch(&self, core: &Core, stream: cuda::CUstream, checked: Option<usize>) -> Result<()> {
         let mut p = self.params;
-        // The block's size before the claims: a kernel that cannot take it launches nothing.
-        core.kernels.check_block(self.key, self.geometry)?;
+        // The block's size before the claims (the launch checks it otherwise): a kernel that
+        // cannot take it launches nothing.
+        if self.claim {
+            core.kernels.check_block(self.key, self.geometry)?;
+        }
         core.records.note_num_slots(p.cache.num_slots());
         // Held from the claims to the launch that reads them.
         let mut owners = self.claim.then(|| core.records.owners());
