@@ -1,6 +1,6 @@
 //! QK-norm against transformers' own attention modules (tests/data/qknorm, made on the H200 by
-//! tests/data/make_golden_qknorm.py): Qwen3 (w), Gemma 3 (1 + w) and Llama 4 (no weight, after
-//! the rotation), tiny random models in f32. The f64 reference (norm, then rotation) and the
+//! tests/data/make_golden_qknorm.py): Qwen3 (w), Gemma 3 (1 + w), OLMo 2 (w over the whole
+//! q and k projections) and Llama 4 (no weight, after the rotation), tiny random models in f32. The f64 reference (norm, then rotation) and the
 //! fused append on the GPU (the configuration and the norm read from the model's config.json
 //! by `HfConfig`) both within 1e-5 of what the model computed, relative to each head's largest
 //! value.
@@ -14,7 +14,7 @@ use rope_cuda::{
     TensorMut,
 };
 
-const MODELS: [&str; 3] = ["qwen3", "gemma3_text", "llama4_text"];
+const MODELS: [&str; 4] = ["qwen3", "gemma3_text", "olmo2", "llama4_text"];
 
 /// q's or k's record of one layer: `[seq, heads, dim]` before and after the model's norm and
 /// rotation, and the norm's weights.
@@ -121,8 +121,9 @@ fn gpu_model(g: &Gpu, model: &str) {
         let (d, hq, hk) = (q.dim, q.heads, k.heads);
         let rope = Rope::new(&g.kernels, rope_config).unwrap();
         let (mut dq, dk, dv) = (upload_t(&q.before), upload_t(&k.before), upload_t(&k.before));
-        let zeros = vec![0.0f32; seq * hk * d];
-        let (mut kc, mut vc) = (upload_t(&zeros), upload_t(&zeros));
+        // The caches poisoned: every row is written (one slot a token), so a NaN left is a miss.
+        let poison = vec![f32::from_bits(0x7FA5_A5A5); seq * hk * d];
+        let (mut kc, mut vc) = (upload_t(&poison), upload_t(&poison));
         let w = |r: &Record| upload_t(r.weight.as_deref().unwrap_or(&[0.0]));
         let (qw, kw) = (w(q), w(k));
         {

@@ -434,7 +434,8 @@ pub fn norm_weights(kind: rope_cuda::NormKind, seed: u64, tensor: u64, n: usize)
 }
 
 /// Elements with a value: f32 within 1e-5 of it relative to its head's largest, 16-bit within
-/// one ulp of its correct rounding; the rest bit-identical to `before`.
+/// one ulp of its correct rounding (f16: or within 2^-21 of the head's largest); the rest
+/// bit-identical to `before`.
 pub fn check_normed<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], d: usize, what: &str) {
     for (r, row) in want.chunks(d).enumerate() {
         let scale = row.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
@@ -446,7 +447,13 @@ pub fn check_normed<T: TestElem>(got: &[T], want: &[Option<f64>], before: &[T], 
                     assert!(err <= 1e-5 * scale, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
                 }
                 Some(e) => {
-                    assert!(got[i].ulps(T::round(*e)) <= 1, "{what}: element {i}: {:?} vs {e}", got[i]);
+                    // f16's ulp falls below f32's arithmetic at the head's scale for elements
+                    // under about 2^-11 of it (the normalized head is an f32 intermediate):
+                    // those within 2^-21 of the head's largest value (8 f32 ulps). bf16 has
+                    // f32's exponent range: 1 ulp everywhere.
+                    let err = (got[i].to_f64() - e).abs();
+                    let fine = T::NAME == "f16" && err <= scale * (-21f64).exp2();
+                    assert!(fine || got[i].ulps(T::round(*e)) <= 1, "{what}: element {i}: {:?} vs {e}", got[i]);
                 }
                 None => assert_eq!(got[i].bits(), before[i].bits(), "{what}: element {i} changed"),
             }
