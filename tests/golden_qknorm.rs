@@ -1,13 +1,13 @@
 //! QK-norm against transformers' own attention modules (tests/data/qknorm, made on the H200 by
 //! tests/data/make_golden_qknorm.py): Qwen3 (w), Gemma 3 (1 + w), OLMo 2 (w over the whole
-//! q and k projections) and Llama 4 (no weight, after the rotation), tiny random models in f32. The f64 reference (norm, then rotation) and the
-//! fused append on the GPU (the configuration and the norm read from the model's config.json
-//! by `HfConfig`) both within 1e-5 of what the model computed, relative to each head's largest
-//! value.
+//! q and k projections) and Llama 4 (no weight, after the rotation), tiny random models in
+//! f32. The f64 reference (norm, then rotation) and the fused append on the GPU (the
+//! configuration and the norm read from the model's config.json by `HfConfig`) both within
+//! 1e-5 of what the model computed, relative to each head's largest value.
 
 mod common;
 
-use common::{data_file, download_t, gpu, upload_t, Gpu, Reader};
+use common::{data_file, download_t, gpu, poisoned, upload_t, Gpu, Reader};
 use rope_cuda::reference::{rms_norm_row, rope_row_freqs};
 use rope_cuda::{
     DType, Direction, HfConfig, KvAppend, KvCache, Layout, NormKind, Positions, QkNorm, Rope, RopeConfig, Tensor,
@@ -122,8 +122,7 @@ fn gpu_model(g: &Gpu, model: &str) {
         let rope = Rope::new(&g.kernels, rope_config).unwrap();
         let (mut dq, dk, dv) = (upload_t(&q.before), upload_t(&k.before), upload_t(&k.before));
         // The caches poisoned: every row is written (one slot a token), so a NaN left is a miss.
-        let poison = vec![f32::from_bits(0x7FA5_A5A5); seq * hk * d];
-        let (mut kc, mut vc) = (upload_t(&poison), upload_t(&poison));
+        let (mut kc, mut vc) = (poisoned(seq * hk * d), poisoned(seq * hk * d));
         let w = |r: &Record| upload_t(r.weight.as_deref().unwrap_or(&[0.0]));
         let (qw, kw) = (w(q), w(k));
         {
