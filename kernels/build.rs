@@ -93,12 +93,14 @@ const ROPE_WHOLE_WIDTHS: [usize; 1] = [2];
 /// The body's access types for a width (`s`: pairs of elements for GPT-J), inputs of type
 /// `i` and outputs of type `o` (`DType` variants, or `FP8`): rotating lanes' load and store,
 /// copying lanes' load and store, as the body's generic arguments.
-fn io(width: &str, style: &str, i: &str, o: &str) -> String {
+fn io(width: &str, style: &str, i: &str, o: &str, kv: bool) -> String {
+    // The KV kernels' 16-byte accesses as `tuning::KV_STREAMING` says.
+    let cs = if kv { ", { crate::tuning::KV_STREAMING }" } else { "" };
     let access = |t: &str| match width {
         "s" if style == "GptJ" => (format!("Two<{t}>"), format!("One<{t}>")),
         "s" => (format!("One<{t}>"), format!("One<{t}>")),
         "d" => (format!("Vec8<{t}>"), format!("Vec8<{t}>")),
-        _ => (format!("Vec16<{t}>"), format!("Vec16<{t}>")),
+        _ => (format!("Vec16<{t}{cs}>"), format!("Vec16<{t}{cs}>")),
     };
     let (r, c) = access(elem(i));
     // A store moves as many elements as its load: of the same access where the sizes agree;
@@ -160,7 +162,7 @@ fn rope_row(
         _ => "",
     };
     let name = format!("rope_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source_name);
-    let access = io(width.ty, style.ty, types.1, types.2);
+    let access = io(width.ty, style.ty, types.1, types.2, false);
     let g = match width.ty {
         "v" => format!(
             "{{ heads_per_thread(true, {}, {}, {}) as usize }}",
@@ -221,7 +223,7 @@ fn kv_row(
         _ => "",
     };
     let name = format!("kv_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source.0);
-    let access = io(width.ty, style.ty, types.1, types.2);
+    let access = io(width.ty, style.ty, types.1, types.2, true);
     let g = match width.ty {
         "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty == "GptJ", size(elem(types.1))),
         _ => "1".into(),

@@ -8,6 +8,7 @@ use rope_cuda_kernels::entries::axes::{
     STYLES, TYPES, WHOLE_WIDTHS,
 };
 use rope_cuda_kernels::entries::EntryPoint;
+use rope_cuda_kernels::tuning::KV_STREAMING;
 
 /// Every embedded architecture's PTX text, oldest first.
 static ALL: LazyLock<Vec<(&'static str, String)>> =
@@ -108,8 +109,13 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
     for name in kv {
         let b = body(ptx, name);
         let v = if name.contains("_d") { "v2" } else { "v4" };
-        let (ld, st) = (format!("ld.global.{v}.b32"), format!("st.global.{v}.b32"));
-        assert!(b.contains(&ld) && b.contains(&st), "{name}: no {v} access");
+        // The 16-byte accesses marked streaming (`.cs`) as `tuning::KV_STREAMING` says, all of
+        // them; the 8-byte ones plain.
+        let (cs, plain) = (KV_STREAMING && v == "v4", format!("ld.global.{v}.b32"));
+        let mark = if cs { ".cs" } else { "" };
+        let (ld, st) = (format!("ld.global{mark}.{v}.b32"), format!("st.global{mark}.{v}.b32"));
+        assert!(b.contains(&ld) && b.contains(&st), "{name}: no {v} access {ld} / {st}");
+        assert!(!cs || !b.contains(&plain), "{name}: a 16-byte load not marked streaming");
         // FP8 caches take as many bytes as the loads' elements: 8 from 16 bytes of 16-bit
         // inputs, 4 from f32's (and from 8 bytes of 16-bit inputs), 2 from 8 bytes of f32.
         let fp8_store = match (name.contains("_fp8_"), name.contains("f32"), v) {
@@ -131,6 +137,8 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
         let name = name.strip_suffix("_n").or_else(|| name.strip_suffix("_w")).unwrap_or(name);
         assert!(b.contains("ld.global.v4.b32"), "{name}: no 16-byte global load");
         assert!(b.contains("st.global.v4.b32"), "{name}: no 16-byte global store");
+        // (The RoPE kernels' are not marked streaming: see `tuning::KV_STREAMING`.)
+        assert!(!b.contains(".cs."), "{name}: a streaming access");
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "ld.global.f32"] {
             assert!(!b.contains(narrow), "{name}: narrow access {narrow}");
         }

@@ -76,16 +76,29 @@ pub trait Io {
     unsafe fn store_raw(p: *mut u8, v: Bits);
 }
 
+/// `asm!` of a 16-byte access: its streaming form `$cs` (`.cs`: touched once, evicted first)
+/// where the access type says so (`CS`, see [`Vec16`]), else `$plain`.
+macro_rules! head_asm {
+    ($cs:literal, $plain:literal, $($operands:tt)*) => {
+        if CS {
+            asm!($cs, $($operands)*)
+        } else {
+            asm!($plain, $($operands)*)
+        }
+    };
+}
+
 /// Loads 16 bytes.
 ///
 /// # Safety
 /// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
-unsafe fn ld_v4(p: *const u8) -> Bits {
+unsafe fn ld_v4<const CS: bool>(p: *const u8) -> Bits {
     // SAFETY: the caller's contract (see the function's `# Safety`).
     unsafe {
         let (a, b, c, d): (u32, u32, u32, u32);
-        asm!(
+        head_asm!(
+            "ld.global.cs.v4.b32 {{{}, {}, {}, {}}}, [{}];",
             "ld.global.v4.b32 {{{}, {}, {}, {}}}, [{}];",
             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
             options(readonly, nostack, preserves_flags),
@@ -94,15 +107,27 @@ unsafe fn ld_v4(p: *const u8) -> Bits {
     }
 }
 
+/// Asks the L2 cache for the line holding `p`: nothing waits on it and no register holds
+/// the data; a later load of the line then finds it in L2.
+///
+/// # Safety
+/// `p` is a global address valid for reads.
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const u8) {
+    // SAFETY: the caller's contract; a prefetch changes nothing the program can observe.
+    unsafe { asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, preserves_flags)) }
+}
+
 /// Stores 16 bytes.
 ///
 /// # Safety
 /// `p` is a global address valid for the access and aligned to its width.
 #[inline(always)]
-unsafe fn st_v4(p: *mut u8, v: Bits) {
+unsafe fn st_v4<const CS: bool>(p: *mut u8, v: Bits) {
     // SAFETY: the caller's contract (see the function's `# Safety`).
     unsafe {
-        asm!(
+        head_asm!(
+            "st.global.cs.v4.b32 [{}], {{{}, {}, {}, {}}};",
             "st.global.v4.b32 [{}], {{{}, {}, {}, {}}};",
             in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
             options(nostack, preserves_flags),
@@ -311,8 +336,9 @@ impl Elem for Bf16 {
     }
 }
 
-/// 16 bytes per access: 4 f32 or 8 16-bit elements.
-pub struct Vec16<T>(core::marker::PhantomData<T>);
+/// 16 bytes per access: 4 f32 or 8 16-bit elements; with `CS`, marked streaming (`.cs`, the KV
+/// kernels' heads: [`crate::tuning::KV_STREAMING`]).
+pub struct Vec16<T, const CS: bool = false>(core::marker::PhantomData<T>);
 /// 8 bytes per access: half the work per thread of [`Vec16`], for latency-bound launches.
 pub struct Vec8<T>(core::marker::PhantomData<T>);
 /// One element per access.
@@ -320,7 +346,7 @@ pub struct One<T>(core::marker::PhantomData<T>);
 /// Two elements (one interleaved pair) per access, element by element.
 pub struct Two<T>(core::marker::PhantomData<T>);
 
-impl<T: Elem> Io for Vec16<T> {
+impl<T: Elem, const CS: bool> Io for Vec16<T, CS> {
     const NARROW: Option<Narrow> = T::NARROW;
     const DTYPE: DType = T::DTYPE;
     const E: usize = 16 / T::SIZE;
@@ -329,7 +355,7 @@ impl<T: Elem> Io for Vec16<T> {
     #[inline(always)]
     unsafe fn load_raw(p: *const u8) -> Bits {
         // SAFETY: the trait method's contract.
-        unsafe { ld_v4(p) }
+        unsafe { ld_v4::<CS>(p) }
     }
     #[inline(always)]
     fn get(w: &Bits, i: usize) -> f32 {
@@ -347,7 +373,7 @@ impl<T: Elem> Io for Vec16<T> {
     unsafe fn store_raw(p: *mut u8, v: Bits) {
         // SAFETY: the trait method's contract.
         unsafe {
-            st_v4(p, v);
+            st_v4::<CS>(p, v);
         }
     }
 }

@@ -3,12 +3,12 @@
 //! launch (see [`KvParams`]); and the claims of the calls too large to scan.
 
 use crate::fp8::Fp8;
-use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, thread_idx, Elem, Io, One};
+use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, prefetch_l2, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
 use crate::norm::{LaneAt, NormLane, Whole};
 use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
-use crate::tuning::KV_LOADS_AFTER_FILL;
+use crate::tuning::{KV_LOADS_AFTER_FILL, KV_PREFETCH_HEADS};
 use crate::views::{ComputedView, Duplicates, HeadsView, SlotOf};
 
 /// The launch's table for a token whose block row (library's source) is `row`; KV appends
@@ -292,7 +292,13 @@ pub(crate) unsafe fn kv_append<
     let offset = b * strides[0] + s * strides[1] + h0 * strides[2];
     let src = (input as *const u8).wrapping_add(offset as usize * R::SIZE);
     let src_step = strides[2] as usize * R::SIZE;
-    let rotating = (is_q || is_k) && lane < p.rot_lanes as usize;
+    // q's lanes all rotate unless q takes copying lanes (into FP8, or normalized in place):
+    // written so, ptxas keeps the computed `_v_c` in 72 registers, not 99 (with the weights'
+    // load below taken only with a norm; either alone leaves 99).
+    let rotating = match q_fp8 || NORM {
+        true => (is_q || is_k) && lane < p.rot_lanes as usize,
+        false => is_q || (is_k && lane < p.rot_lanes as usize),
+    };
     // FP8 stores: the format (one for both caches, checked by the host), and this item's first
     // scale, loaded now, off the stores' path.
     let fmt = if W::FP8 { p.cache.types().0.fp8().unwrap_or(Fp8::E4M3) } else { Fp8::E4M3 };
@@ -329,16 +335,40 @@ pub(crate) unsafe fn kv_append<
     // (Not with a norm: its statistic needs the loads before anything returns.)
     let late = KV_LOADS_AFTER_FILL && B::Prologue::BARRIERS && !shared && !NORM;
     let (first, first_copy) = if late { ([[0; 4]; 2], [0; 4]) } else { (load_first(), load_copy()) };
+    // The later heads' rows asked of L2 now: their loads, one head ahead inside the stores'
+    // loop, come after the position's, slot's and owner's round trips (`KV_PREFETCH_HEADS`).
+    // (Not in the one-head kernels, nor with a norm: ptxas then gave `kv_neox_bf16_p_n` 69
+    // registers, not 64, and `_v_n` 102, not 96. Written out here: through a helper function,
+    // it gave the computed `_v_c` 104 registers, not 72.)
+    if KV_PREFETCH_HEADS && G > 1 && !NORM && item.is_some() {
+        crate::rotate::unrolled(G, |h| {
+            if h >= 1 && h < count {
+                // SAFETY: as the loads above, for head `h` of the item's rows.
+                unsafe {
+                    if rotating {
+                        S::prefetch::<R>(&rows, h, lane, half)
+                    } else {
+                        prefetch_l2(rows.src(h, copy_at))
+                    }
+                }
+            }
+        });
+    }
     // The norm of q's and k's heads: the lane's weights now, with its inputs; the statistic
     // once the position's and slot's loads are issued or the scan has settled them (every
     // thread of the block stays until then: the `_n` kernels' heads lie inside one warp, whose
     // every lane takes part).
     let normed = NORM && item.is_some() && (is_q || is_k);
     let norm_at = LaneAt { rotating, lane, half, copy_at, head: h0 as usize };
-    // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for each
-    // head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of the
-    // launch's geometry.
-    let norm_bits = unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, normed, norm_at) };
+    // The lane's weights, loaded only with a norm (ptxas gave the computed `_v_c` 99 registers
+    // with the call whose result went unused, 72 without it).
+    let norm_bits = match NORM {
+        // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for
+        // each head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of
+        // the launch's geometry.
+        true => unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, normed, norm_at) },
+        false => [[0; 4]; 2],
+    };
     // A whole-projection norm's head sums: this thread's, and its projection's first group
     // (`w` is the item's index in its segment).
     let whole = move || Whole {

@@ -5,8 +5,8 @@
 
 use crate::fp8::{quotient_bound, Fp8};
 use crate::gpu::{
-    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, shared_addr, thread_idx,
-    Bits, Elem, Io, Lane,
+    block_dim, load_elem_nc, load_shared32, load_shared32_volatile, load_table, load_words_nc, prefetch_l2,
+    shared_addr, thread_idx, Bits, Elem, Io, Lane,
 };
 use crate::math::fma;
 use crate::math::{
@@ -1043,6 +1043,11 @@ pub(crate) trait Style {
     /// # Safety
     /// The trait's contract.
     unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2];
+    /// Asks the L2 cache for what [`Style::load`] would load of head `h`.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn prefetch<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize);
     /// Loads the table entries of lane `lane` from the token's rows `rows`.
     ///
     /// # Safety
@@ -1124,6 +1129,16 @@ impl Style for NeoX {
     }
 
     #[inline(always)]
+    unsafe fn prefetch<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) {
+        let i = lane * R::E;
+        // SAFETY: as in `load`.
+        unsafe {
+            prefetch_l2(rows.src(h, i * R::SIZE));
+            prefetch_l2(rows.src(h, (i + half) * R::SIZE));
+        }
+    }
+
+    #[inline(always)]
     unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
         // SAFETY: the trait's contract: the lane's `E` pairs are in the rows.
         unsafe { Entries::load::<B>(p, rows, lane * R::E, R::E) }
@@ -1201,6 +1216,18 @@ impl Style for GptJ {
         unsafe {
             let second = if gptj_width::<R>() > R::E { R::load_raw(rows.src(h, at + R::E * R::SIZE)) } else { [0; 4] };
             [R::load_raw(rows.src(h, at)), second]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch<R: Io>(rows: &Rows, h: usize, lane: usize, _: usize) {
+        let at = lane * gptj_width::<R>() * R::SIZE;
+        // SAFETY: as in `load`.
+        unsafe {
+            prefetch_l2(rows.src(h, at));
+            if gptj_width::<R>() > R::E {
+                prefetch_l2(rows.src(h, at + R::E * R::SIZE));
+            }
         }
     }
 
