@@ -99,6 +99,17 @@ fn pick(capability: u32, requested: Option<&str>) -> Result<&'static ArchPtx> {
     }
 }
 
+/// The PTX of entry point `name` from `$ROPE_CUDA_PTX_OVERRIDE_DIR/{name}.ptx` where that file
+/// exists: a kernel variant timed against the embedded one in the same run, in this crate's
+/// own examples and benches (built with `bench-kernels`; BENCHMARKS.md says how the variants
+/// are built). A file that cannot be read is a panic, not a silent fallback.
+#[cfg(feature = "bench-kernels")]
+fn override_ptx(name: &str) -> Option<String> {
+    let dir = std::env::var_os("ROPE_CUDA_PTX_OVERRIDE_DIR")?;
+    let file = std::path::Path::new(&dir).join(format!("{name}.ptx"));
+    file.exists().then(|| std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display())))
+}
+
 /// An entry point loaded into the context: its module (unloaded when dropped) and function.
 #[derive(Debug)]
 struct Loaded {
@@ -250,6 +261,8 @@ impl Kernels {
         }
         let name = ep.name();
         let ptx = self.ptx.module(name).ok_or(Error::KernelLoad { name, source: cust::error::CudaError::NotFound })?;
+        #[cfg(feature = "bench-kernels")]
+        let ptx = override_ptx(name).unwrap_or(ptx);
         let start = Instant::now();
         // SAFETY: makes this module's context current on this thread for the load; popped below.
         unsafe { driver::ctx_push_current(self.context) }?;
