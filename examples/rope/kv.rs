@@ -487,6 +487,92 @@ fn spread_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<KvRo
     })
 }
 
+/// Decode as an engine replays it: 32 layers' fused steps (64 sequences x 1 token at position
+/// 2048, 32/8 heads of 128, bf16, paged 16), each layer its own q, k, v and caches, recorded
+/// into one graph with [`Graph::record`] and replayed back to back; device time per layer,
+/// next to 32 copy kernels of each layer's bytes (q, k and v read, as many written) and 32
+/// empty kernels recorded and replayed the same way. Checked once: every layer's q rows of a
+/// sample of sequences within 1 ulp after one replay.
+fn layered_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<Vec<KvRow>> {
+    let (layers, seqs, hq, hk, d, bs) = (32usize, 64usize, 32, 8, 128, 16);
+    let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 8192).base(500_000.0).dtype(DType::BF16))?)?;
+    // Sequence i's token at position 2048, in block i (slot 2048 % 16 of it).
+    let (positions, slots): (Vec<i32>, Vec<i64>) = (0..seqs).map(|i| (2048, (i * bs + 2048 % bs) as i64)).unzip();
+    let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
+    let cache_layout = Layout::bshd(seqs, bs, hk, d);
+    let (ql, kl) = (Layout::bshd(seqs, 1, hq, d), Layout::bshd(seqs, 1, hk, d));
+    let qh: Vec<Vec<bf16>> = (0..layers as u64).map(|l| seeded(40 + l, seqs * hq * d)).collect();
+    let (kh, vh) = (seeded(38, seqs * hk * d), seeded(39, seqs * hk * d));
+    let cache_n = seqs * bs * hk * d;
+    let mut q = qh.iter().map(|h| upload(h)).collect::<Res<Vec<_>>>()?;
+    let (k, v) = (
+        (0..layers).map(|_| upload(&kh)).collect::<Res<Vec<_>>>()?,
+        (0..layers).map(|_| upload(&vh)).collect::<Res<Vec<_>>>()?,
+    );
+    let cache = seeded(37, cache_n);
+    let mut kc = (0..layers).map(|_| upload(&cache)).collect::<Res<Vec<_>>>()?;
+    let mut vc = (0..layers).map(|_| upload(&cache)).collect::<Res<Vec<_>>>()?;
+    let pos = Positions::ids_i32(&dpos);
+    let graph = Graph::record(|| {
+        for l in 0..layers {
+            let mut cache = KvCache::paged(&mut kc[l], &mut vc[l], cache_layout);
+            let mut ql = TensorMut::new(&mut q[l], ql);
+            rope.append_kv(
+                rope_cuda::KvAppend::new(&Tensor::new(&k[l], kl), &Tensor::new(&v[l], kl), &mut cache, pos)
+                    .q(&mut ql)
+                    .slots(&dslots),
+                stream,
+            )?;
+        }
+        Ok(())
+    })?;
+    // SAFETY (every replay below): the buffers and `rope` the graphs name live to the end of
+    // this function, and each timing synchronises the stream before returning.
+    unsafe { graph.launch(stream)? };
+    rope.check_errors(stream)?;
+    let mut ulps = 0;
+    for (l, host) in qh.iter().enumerate() {
+        let out = download(&q[l])?;
+        for t in (l % 5..seqs).step_by(5) {
+            for hh in 0..hq {
+                let at = (t * hq + hh) * d;
+                let x: Vec<f64> = host[at..at + d].iter().map(|v| v.to_f64()).collect();
+                let y = rope_row(&x, 2048.0, 500_000.0, d, RopeStyle::NeoX, Direction::Forward);
+                for (j, want) in y.into_iter().enumerate() {
+                    ulps = ulps.max(out[at + j].ulps(bf16::round(want)));
+                }
+            }
+        }
+    }
+    let step_elems = seqs * (hq + 2 * hk) * d;
+    let src = (0..layers).map(|l| upload(&seeded(80 + l as u64, step_elems))).collect::<Res<Vec<_>>>()?;
+    let mut dst = (0..layers).map(|l| upload(&seeded(120 + l as u64, step_elems))).collect::<Res<Vec<_>>>()?;
+    let copies = Graph::record(|| (0..layers).try_for_each(|l| touch(kernels, stream, &src[l], &mut dst[l])))?;
+    let blocks = (step_elems / 8).div_ceil(128) as u32;
+    let empties = Graph::record(|| (0..layers).try_for_each(|_| empty(kernels, stream, blocks)))?;
+    let per_layer =
+        |t: Timing| Timing { median_us: t.median_us / layers as f64, p90_us: t.p90_us / layers as f64, ..t };
+    let replay = |g: &Graph| time_batched(stream, 5, 50, 10, || unsafe { g.launch(stream) }).map(per_layer);
+    let (op, copy, none) = (replay(&graph)?, replay(&copies)?, replay(&empties)?);
+    let shape = format!("bf16 {seqs}x1 tok, {layers} layers, graph");
+    Ok(vec![
+        KvRow {
+            name: "decode, layers in graph",
+            what: format!("{shape}, per layer"),
+            op,
+            against: Against::Baseline("copy kernel, same graph", copy),
+            ulps,
+        },
+        KvRow {
+            name: "empty, layers in graph",
+            what: format!("{layers} x {blocks} blocks of 128, per layer"),
+            op: none,
+            against: Against::Baseline("decode, layers in graph", op),
+            ulps: 0,
+        },
+    ])
+}
+
 /// [`step`] into an E4M3 paged cache (one scale for keys and one for values, as engines and
 /// FlashInfer's fused kernel hold them; q rotated in place): the decode step's device time
 /// against the bf16 cache's in the same run, or the prefill chunk against a copy of the bytes
@@ -579,6 +665,7 @@ pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
     let mut extra = Vec::new();
     rows.push(step(kernels, stream, 64, 1, true, &mut extra)?);
     extra.push(spread_decode(kernels, stream)?);
+    extra.append(&mut layered_decode(kernels, stream)?);
     rows.push(fp8_step(kernels, stream, 64, 1)?);
     if !decode_only {
         rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
