@@ -516,10 +516,10 @@ fn layered_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<Vec
     let graph = Graph::record(|| {
         for l in 0..layers {
             let mut cache = KvCache::paged(&mut kc[l], &mut vc[l], cache_layout);
-            let mut ql = TensorMut::new(&mut q[l], ql);
+            let mut qt = TensorMut::new(&mut q[l], ql);
             rope.append_kv(
                 rope_cuda::KvAppend::new(&Tensor::new(&k[l], kl), &Tensor::new(&v[l], kl), &mut cache, pos)
-                    .q(&mut ql)
+                    .q(&mut qt)
                     .slots(&dslots),
                 stream,
             )?;
