@@ -118,7 +118,8 @@ impl<'a> QkNorm<'a> {
         Self::weighted(NormKind::Rms, q_weight, k_weight, eps, E::DTYPE)
     }
 
-    /// RMSNorm with `1 + w` ([`NormKind::RmsOnePlus`]: Gemma 3 and Gemma 4).
+    /// RMSNorm with `1 + w` ([`NormKind::RmsOnePlus`]: Gemma 3 and Gemma 4), the sum rounded
+    /// to f32 as transformers' `1.0 + weight.float()` rounds it.
     pub fn gemma<E: Element>(
         q_weight: impl Operand<'a, Elem = E>,
         k_weight: impl Operand<'a, Elem = E>,

@@ -36,8 +36,9 @@ pub fn rope_row(
 }
 
 /// The RMS norm of one head in f64: `x_i · r · (w_i + offset)`, `r = 1 / sqrt(mean(x²) + eps)`
-/// (each weight 1 without `weight`, the offset then unused): the QK-norm
-/// ([`QkNorm`](crate::QkNorm)) the fused append applies before the rotation.
+/// (each weight 1 without `weight`, the offset then unused; with an offset, `w_i + offset`
+/// rounded to f32, as the kernels and transformers compute Gemma's `1.0 + weight.float()`):
+/// the QK-norm ([`QkNorm`](crate::QkNorm)) the fused append applies before the rotation.
 ///
 /// ```
 /// use rope_cuda::reference::rms_norm_row;
@@ -45,11 +46,14 @@ pub fn rope_row(
 /// let y = rms_norm_row(&[3.0, 4.0], Some(&[1.0, 0.0]), 1.0, 0.0);
 /// let r = 1.0 / 12.5f64.sqrt();
 /// assert!((y[0] - 6.0 * r).abs() < 1e-15 && (y[1] - 4.0 * r).abs() < 1e-15);
+/// // 1 + 2^-30 is 1 in f32, as in the kernels and in transformers.
+/// assert_eq!(rms_norm_row(&[1.0], Some(&[2f64.powi(-30)]), 1.0, 0.0), [1.0]);
 /// ```
 pub fn rms_norm_row(x: &[f64], weight: Option<&[f64]>, offset: f64, eps: f64) -> Vec<f64> {
     let mean = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let r = 1.0 / (mean + eps).sqrt();
-    x.iter().enumerate().map(|(i, v)| v * r * weight.map_or(1.0, |w| w[i] + offset)).collect()
+    let w = |i: usize| weight.map_or(1.0, |w| if offset == 0.0 { w[i] } else { (w[i] as f32 + offset as f32) as f64 });
+    x.iter().enumerate().map(|(i, v)| v * r * w(i)).collect()
 }
 
 /// [`rope_row`] for any frequencies (one per pair, `2 * inv_freq.len()` rotary dims) with
