@@ -117,6 +117,29 @@ impl<'a> KvCache<'a> {
         self
     }
 
+    /// The value cache viewed through `layout` rather than the key cache's: values of a
+    /// head_dim of their own (DeepSeek's MHA-style attention has 192-wide keys and 128-wide
+    /// values); the rest of the layout (blocks, block size, heads, strides) must stay the key
+    /// cache's.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // 64 pages of 16 slots, 16 kv heads; keys of 192, values of 128 in rows of 192.
+    /// let n = 64 * 16 * 16 * 192;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; n])?, DeviceBuffer::from_slice(&vec![0.0f32; n])?);
+    /// let keys = Layout::bshd(64, 16, 16, 192);
+    /// let values = Layout::strided([64, 16, 16, 128], keys.strides, 0);
+    /// let cache = KvCache::paged(&mut k, &mut v, keys).v_layout(values);
+    /// assert_eq!(cache.raw().v.layout.head_dim(), 128);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn v_layout(mut self, layout: Layout) -> Self {
+        self.v.raw.layout = layout;
+        self
+    }
+
     /// The cache as device addresses, for [`Rope::append_kv_raw`].
     pub fn raw(&self) -> RawKvCache {
         RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged, scales: self.scales.as_ref().map(KvScales::raw) }
@@ -176,7 +199,8 @@ pub struct RawQFp8 {
 pub struct RawKvCache {
     /// The key cache.
     pub k: RawTensor,
-    /// The value cache; its layout must equal the key cache's.
+    /// The value cache; its layout must equal the key cache's but in its head_dim, the
+    /// values' (the two may be views of one buffer that share no element: MLA's latent rows).
     pub v: RawTensor,
     /// Paged (slots given per token) or contiguous (positions name the rows).
     pub paged: bool,
@@ -216,10 +240,10 @@ pub struct KvAppend<'r, 'a> {
 
 impl<'r, 'a> KvAppend<'r, 'a> {
     /// An append of the new keys `k` (`[batch, seq, kv_heads, head_dim]`, rotated into the key
-    /// cache, not modified) and values `v` (same shape, copied into the value cache) into
-    /// `cache` at `positions` (the rotation; and, for contiguous caches, the row): no
-    /// queries, no slot mapping (a contiguous cache). Add them with [`KvAppend::q`] and
-    /// [`KvAppend::slots`].
+    /// cache, not modified) and values `v` (the same but for their own head_dim, the value
+    /// cache's; copied into the value cache) into `cache` at `positions` (the rotation; and,
+    /// for contiguous caches, the row): no queries, no slot mapping (a contiguous cache). Add
+    /// them with [`KvAppend::q`] and [`KvAppend::slots`].
     pub fn new(k: &'r Tensor<'a>, v: &'r Tensor<'a>, cache: &'r mut KvCache<'a>, positions: Positions<'a>) -> Self {
         KvAppend { q: None, k, v, cache, positions, slots: None, norm: None }
     }
@@ -321,7 +345,8 @@ pub struct RawKvArgs {
     pub q_fp8: Option<RawQFp8>,
     /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
     pub k: RawTensor,
-    /// New values, same shape as `k`, copied into the value cache.
+    /// New values, `k`'s shape but their own head_dim (the value cache's), copied into the
+    /// value cache.
     pub v: RawTensor,
     /// The caches.
     pub cache: RawKvCache,
@@ -427,26 +452,38 @@ impl KvPlan {
     }
 }
 
-/// The caches' one layout (the key cache's; the value cache's must equal it).
-fn cache_layout(cache: &RawKvCache) -> Result<Layout> {
-    let cl = cache.k.layout;
-    if cache.v.layout != cl {
+/// The caches' one layout (the key cache's): the value cache's must equal it but in its
+/// head_dim where `v_head_dim` is free (the append: values may be wider or narrower than
+/// keys, as MLA's latent rows, [`MlaCache`](crate::MlaCache), whose two views share a buffer).
+fn cache_layout(cache: &RawKvCache, v_head_dim: bool) -> Result<Layout> {
+    let (cl, vl) = (cache.k.layout, cache.v.layout);
+    let same = match v_head_dim {
+        true => vl.shape[..3] == cl.shape[..3] && vl.strides == cl.strides,
+        false => vl.shape == cl.shape && vl.strides == cl.strides,
+    };
+    if !same {
         return Err(Error::Shape {
             what: "v cache",
-            axis: "layout (must equal the key cache's)",
+            axis: match v_head_dim {
+                true => "layout (blocks, block size, heads and strides must equal the key cache's)",
+                false => "layout (must equal the key cache's)",
+            },
             expected: cl.extent().unwrap_or(0),
-            got: cache.v.layout.extent().unwrap_or(0),
+            got: vl.extent().unwrap_or(0),
         });
     }
     Ok(cl)
 }
+
+/// What an FP8 cache without scales is told.
+pub(crate) const NEED_SCALES: &str = "FP8 caches need their scales (KvCache::scales)";
 
 /// The scales of `cache`, checked: FP8 caches (`fp8`) need them, others take none; each
 /// buffer holds one f32, or, per head, one per kv head, and is aligned for f32.
 fn check_scales(cache: &RawKvCache, fp8: bool, kv_heads: usize) -> Result<Option<RawScales>> {
     match (cache.scales, fp8) {
         (None, false) => Ok(None),
-        (None, true) => Err(Error::Scales("FP8 caches need their scales (KvCache::scales)")),
+        (None, true) => Err(Error::Scales(NEED_SCALES)),
         (Some(_), false) => Err(Error::Scales("only FP8 caches take scales")),
         (Some(s), true) => {
             let n = if s.per_head { kv_heads } else { 1 };
@@ -490,8 +527,13 @@ pub(crate) fn plan_kv(
     let ks = args.k.layout.shape;
     let (batch, seq, kv_heads) = (ks[0], ks[1], ks[2]);
     check_axis("k", "head_dim", hd, ks[3])?;
-    for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
+    for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2)] {
         check_axis("v", axis, ks[i], args.v.layout.shape[i])?;
+    }
+    // The values' own head_dim (copied, never rotated): the value cache's.
+    let v_hd = args.v.layout.shape[3];
+    if v_hd == 0 {
+        return Err(Error::Shape { what: "v", axis: "head_dim", expected: hd, got: 0 });
     }
     if let Some(q) = &args.q {
         for (axis, i, want) in [("batch", 0, batch), ("seq", 1, seq), ("head_dim", 3, hd)] {
@@ -511,13 +553,15 @@ pub(crate) fn plan_kv(
     };
 
     let cache = &args.cache;
-    let cl = cache_layout(cache)?;
+    let cl = cache_layout(cache, true)?;
     let (blocks, block_size) = (cl.shape[0], cl.shape[1]);
     check_axis("cache", "heads", kv_heads, cl.shape[2])?;
     check_axis("cache", "head_dim", hd, cl.shape[3])?;
+    check_axis("v cache", "head_dim", v_hd, cache.v.layout.shape[3])?;
     check_view("k cache", &cache.k)?;
     check_view("v cache", &cache.v)?;
     check_written("cache", &cl)?;
+    check_written("v cache", &cache.v.layout)?;
     // FP8 caches: one format for both, their scales, and q's FP8 output.
     let fp8 = cache.k.dtype.fp8();
     if fp8.is_some() && cache.v.dtype != cache.k.dtype {
@@ -605,7 +649,7 @@ pub(crate) fn plan_kv(
     }
 
     let views = [args.q, q_fp8.map(|o| o.out), Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
-    let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten());
+    let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten()) && v_hd % (16 / size) == 0;
     let mut claim = tokens > KV_SCAN_MAX_TOKENS;
     let mut width = match vector {
         false => KvWidth::Scalar,
@@ -642,7 +686,7 @@ pub(crate) fn plan_kv(
     let whole = norm.is_some_and(|n| n.whole());
     let layout_of = |width| {
         let (_, cw, k_lanes) = lanes_of(width);
-        let counts = [k_lanes, k_lanes, hd / cw].map(|l| l as u64);
+        let counts = [k_lanes, k_lanes, v_hd / cw].map(|l| l as u64);
         whole_kv_layout(q_heads as u64, kv_heads as u64, counts)
     };
     if whole && (width == KvWidth::Vector || (width == KvWidth::Decode && layout_of(width).is_none())) {
@@ -653,7 +697,7 @@ pub(crate) fn plan_kv(
         KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
         _ => 1,
     };
-    let v_lanes = hd / cw;
+    let v_lanes = v_hd / cw;
     // q into an FP8 buffer copies its dims past rotary_dim too: k's lanes; as does q
     // normalized in place.
     let q_lanes = if q_fp8.is_some() || norm.is_some() { k_lanes } else { rot_lanes };
@@ -801,7 +845,7 @@ fn plan_read(args: &RawKvRead, errors: ErrorSink) -> Result<Option<(ReadKey, Rea
     if cache.v.dtype != cache.k.dtype {
         return Err(Error::DType { what: "v cache", expected: cache.k.dtype, got: cache.v.dtype });
     }
-    let cl = cache_layout(cache)?;
+    let cl = cache_layout(cache, false)?;
     check_view("k cache", &cache.k)?;
     check_view("v cache", &cache.v)?;
     let (blocks, block_size, heads, hd) = (cl.shape[0], cl.shape[1], cl.shape[2], cl.shape[3]);

@@ -134,8 +134,7 @@ pub(crate) fn disjoint(a: (u64, &Layout), b: (u64, &Layout), size: usize) -> boo
         (off % size as u128 == 0).then_some(off / size as u128)
     };
     let (Some(oa), Some(ob)) = (offset(pa, la), offset(pb, lb)) else { return false };
-    let d = la.head_dim() as u128;
-    let last = |o: u128, l: &Layout| o + (l.heads() as u128 - 1) * l.strides[2] as u128 + d;
+    let last = |o: u128, l: &Layout| o + (l.heads() as u128 - 1) * l.strides[2] as u128 + l.head_dim() as u128;
     // Tokens cannot collide if the [batch, seq] grid, each token `reach` elements wide from
     // the common base, is itself free of overlap.
     let Ok(reach) = usize::try_from(last(oa, la).max(last(ob, lb))) else { return false };
@@ -144,23 +143,25 @@ pub(crate) fn disjoint(a: (u64, &Layout), b: (u64, &Layout), size: usize) -> boo
         return false;
     }
     heads_disjoint(
-        (oa as i128, la.strides[2] as i128, la.heads()),
-        (ob as i128, lb.strides[2] as i128, lb.heads()),
-        d as i128,
+        (oa as i128, la.strides[2] as i128, la.heads(), la.head_dim() as i128),
+        (ob as i128, lb.strides[2] as i128, lb.heads(), lb.head_dim() as i128),
     )
 }
 
 /// Whether the intervals `[o + h * s, o + h * s + d)`, `h < n`, of two views (each given as
-/// `(o, s, n)`) share no element. O(1) for equal strides (q and k of a fused buffer);
-/// otherwise pairwise.
-fn heads_disjoint((oa, sa, na): (i128, i128, usize), (ob, sb, nb): (i128, i128, usize), d: i128) -> bool {
-    if sa == sb && na > 1 && nb > 1 {
+/// `(o, s, n, d)`: MLA's latent cache holds a 512-wide and a 64-wide view in one row) share
+/// no element. O(1) for equal strides and head dims (q and k of a fused buffer); otherwise
+/// pairwise.
+fn heads_disjoint((oa, sa, na, da): (i128, i128, usize, i128), (ob, sb, nb, db): (i128, i128, usize, i128)) -> bool {
+    // `[x, x + dx)` and `[y, y + dy)` share nothing iff one ends before the other starts.
+    let apart = |x: i128, y: i128| y >= x + da || x >= y + db;
+    if sa == sb && da == db && na > 1 && nb > 1 {
         // Intervals overlap iff |ob - oa + k s| < d for some k = g - h in -(na-1) ..= nb-1.
         let (diff, s, lo, hi) = (ob - oa, sa, -(na as i128 - 1), nb as i128 - 1);
         let near = if s == 0 { lo } else { (-diff).div_euclid(s).clamp(lo, hi) };
-        return [near, (near + 1).min(hi)].iter().all(|&k| (diff + k * s).abs() >= d);
+        return [near, (near + 1).min(hi)].iter().all(|&k| (diff + k * s).abs() >= da);
     }
-    (0..na as i128).all(|h| (0..nb as i128).all(|g| (ob + g * sb - (oa + h * sa)).abs() >= d))
+    (0..na as i128).all(|h| (0..nb as i128).all(|g| apart(oa + h * sa, ob + g * sb)))
 }
 
 #[cfg(test)]
@@ -257,11 +258,15 @@ mod tests {
             for ob in 0..40i128 {
                 for s in [0i128, 2, 3, 8] {
                     for (na, nb) in [(1, 1), (2, 3), (4, 2), (5, 5)] {
-                        let d = 3;
-                        let fast = heads_disjoint((oa, s, na), (ob, s, nb), d);
-                        let slow =
-                            (0..na as i128).all(|h| (0..nb as i128).all(|g| (ob + g * s - (oa + h * s)).abs() >= d));
-                        assert_eq!(fast, slow, "oa {oa} ob {ob} s {s} n {na}/{nb}");
+                        for (da, db) in [(3, 3), (1, 4), (5, 2)] {
+                            let fast = heads_disjoint((oa, s, na, da), (ob, s, nb, db));
+                            // Element by element.
+                            let elems = |o: i128, n: usize, d: i128| {
+                                (0..n as i128).flat_map(move |h| (0..d).map(move |e| o + h * s + e))
+                            };
+                            let slow = elems(oa, na, da).all(|x| elems(ob, nb, db).all(|y| x != y));
+                            assert_eq!(fast, slow, "oa {oa} ob {ob} s {s} n {na}/{nb} d {da}/{db}");
+                        }
                     }
                 }
             }
@@ -284,5 +289,21 @@ mod tests {
         assert!(disjoint((0, &b), (1 << 20, &b), 4));
         assert!(!disjoint((0, &b), (64, &b), 4));
         assert!(!disjoint((0, &b), (0, &b), 4));
+    }
+
+    /// MLA's latent cache: kv_c (512) and k_pe (64) of each row, two views of one buffer of
+    /// different head dims, are disjoint; k_pe reaching back into kv_c, or past the row into
+    /// the next one's kv_c, is not.
+    #[test]
+    fn latent_cache_views_are_disjoint() {
+        let row = 576;
+        let kv_c = Layout::strided([10, 64, 1, 512], [64 * row, row, row], 0);
+        let k_pe = Layout::strided([10, 64, 1, 64], [64 * row, row, row], 512);
+        assert!(disjoint((0, &kv_c), (0, &k_pe), 2));
+        assert!(disjoint((0, &k_pe), (0, &kv_c), 2));
+        let back = Layout::strided([10, 64, 1, 64], [64 * row, row, row], 511);
+        assert!(!disjoint((0, &kv_c), (0, &back), 2));
+        let past = Layout::strided([10, 64, 1, 65], [64 * row, row, row], 512);
+        assert!(!disjoint((0, &kv_c), (0, &past), 2));
     }
 }
