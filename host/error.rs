@@ -57,6 +57,11 @@ pub enum ConfigError {
         /// The layers the config describes.
         layers: usize,
     },
+    /// The config has no multi-head latent attention (no `kv_lora_rank`; the model type is
+    /// named): its cache is a key and a value cache ([`KvCache`](crate::KvCache)), not a
+    /// latent one.
+    #[error("model_type `{0}` has no multi-head latent attention (no kv_lora_rank)")]
+    NoMla(String),
     /// The layer type asked for is not in the config: ask for one of those listed.
     #[error("no rope parameters for layer type `{asked}` (the config has: {available})")]
     NoSuchLayerType {

@@ -236,6 +236,35 @@ pub struct HfConfig {
     model_type: String,
 }
 
+/// The shapes of multi-head latent attention ([`HfConfig::mla`]): what the latent cache
+/// ([`MlaCache`](crate::MlaCache)) and q's rotary parts look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaGeometry {
+    /// `kv_lora_rank`: the compressed latent `kv_c` per token (512 in DeepSeek-V3).
+    pub kv_lora_rank: usize,
+    /// `qk_rope_head_dim`: the rotary part of each head of q, and `k_pe` (64).
+    pub qk_rope_head_dim: usize,
+    /// `qk_nope_head_dim`: each head of q before its rotary part (128).
+    pub qk_nope_head_dim: usize,
+    /// `v_head_dim`: each head's value (128).
+    pub v_head_dim: usize,
+    /// `num_attention_heads` (128).
+    pub num_heads: usize,
+}
+
+impl MlaGeometry {
+    /// Elements of a latent cache row, `kv_lora_rank + qk_rope_head_dim` (576).
+    pub const fn latent_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Elements of a head of q, `qk_nope_head_dim + qk_rope_head_dim` (192): the rotary part
+    /// is its last `qk_rope_head_dim`.
+    pub const fn q_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
 impl HfConfig {
     /// Reads `config.json`'s text (multimodal configs: their `text_config`, or Qwen2.5-Omni's
     /// `thinker_config.text_config`). Malformed JSON is a [`ConfigError`], never a panic.
@@ -431,6 +460,45 @@ impl HfConfig {
             _ => return Ok(None),
         };
         Ok(Some((kind, eps as f32)))
+    }
+
+    /// The multi-head latent attention geometry of a model that has it (DeepSeek-V2 and V3,
+    /// Kimi K2, and any config with `kv_lora_rank`): [`ConfigError::NoMla`] for one without.
+    /// Its RoPE is [`HfConfig::rope`]'s (head_dim `qk_rope_head_dim`, the interleaved pairs,
+    /// DeepSeek's yarn with `mscale` and `mscale_all_dim`), the [`Rope`](crate::Rope) that
+    /// [`Rope::append_mla`](crate::Rope::append_mla) takes.
+    ///
+    /// ```
+    /// use rope_cuda::{ConfigError, Error, HfConfig, MlaGeometry};
+    /// let v3 = HfConfig::parse(r#"{"model_type": "deepseek_v3", "num_attention_heads": 128,
+    ///     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}"#)?;
+    /// let g = v3.mla()?;
+    /// assert_eq!((g.latent_width(), g.q_head_dim()), (576, 192));
+    /// let llama = HfConfig::parse(r#"{"model_type": "llama", "num_attention_heads": 32}"#)?;
+    /// assert!(matches!(llama.mla(), Err(Error::Config(ConfigError::NoMla(_)))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn mla(&self) -> Result<MlaGeometry> {
+        let Some(kv_lora_rank) = integer(&self.text, "kv_lora_rank")? else {
+            return Err(ConfigError::NoMla(self.text_model_type().to_string()).into());
+        };
+        let need = |key: &str| -> Result<usize> {
+            match integer(&self.text, key)? {
+                Some(0) => Err(invalid(key, "expected an integer above 0").into()),
+                Some(n) => Ok(n),
+                None => Err(ConfigError::Missing(key.to_string()).into()),
+            }
+        };
+        if kv_lora_rank == 0 {
+            return Err(invalid("kv_lora_rank", "expected an integer above 0").into());
+        }
+        Ok(MlaGeometry {
+            kv_lora_rank,
+            qk_rope_head_dim: need("qk_rope_head_dim")?,
+            qk_nope_head_dim: need("qk_nope_head_dim")?,
+            v_head_dim: need("v_head_dim")?,
+            num_heads: need("num_attention_heads")?,
+        })
     }
 
     /// The model's RoPE configuration (as [`RopeConfig::from_hf_config`]).

@@ -17,6 +17,9 @@
 //!   ([`RopeArgs`]).
 //! - [`Rope::append_kv`] ([`KvAppend`]) is one decode or prefill step in one launch: k rotated
 //!   into a contiguous or paged cache ([`KvCache`]), v copied, q rotated in place.
+//! - [`Rope::append_mla`] ([`MlaAppend`]) is the same step for multi-head latent attention
+//!   (DeepSeek-V2/V3, Kimi K2): `k_pe` rotated and `kv_c` copied into one latent row a token
+//!   ([`MlaCache`]), every head's `q_pe` rotated in place.
 //! - Each operation has two doors. The typed one takes views ([`Tensor`], [`TensorMut`],
 //!   [`Positions`], [`KvCache`]) of any [`Operand`]: cust's `DeviceSlice` / `DeviceBuffer`, and
 //!   with the feature `cudarc` cudarc's buffers (`rope_cuda::cudarc`), each view with its own
@@ -101,6 +104,7 @@ mod kernels;
 mod kv;
 mod launch;
 mod layout;
+mod mla;
 mod norm;
 mod operand;
 mod records;
@@ -117,13 +121,16 @@ pub use config::{
 pub use error::{ConfigError, Error, Result};
 pub use fp8::{F8E4M3, F8E5M2};
 pub use graph::Graph;
-pub use hf_config::{HfConfig, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES};
+pub use hf_config::{
+    HfConfig, MlaGeometry, StyleSource, INTERLEAVED_MODEL_TYPES, NEOX_MODEL_TYPES, NO_ROPE_MODEL_TYPES,
+};
 pub use kernels::{archs, ptx, Kernels, LoadStats};
 pub use kv::{
     validate_append, KvAppend, KvCache, KvRead, KvScales, RawKvArgs, RawKvCache, RawKvRead, RawQFp8, RawScales,
     KV_SCAN_MAX_TOKENS,
 };
 pub use layout::Layout;
+pub use mla::{validate_mla, MlaAppend, MlaCache, RawMlaArgs, RawMlaCache};
 pub use norm::{NormKind, QkNorm, RawNorm, RawWeight};
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
 pub use rope::{validate, Rope, RopeArgs};

@@ -194,6 +194,73 @@ fn paged_append_on_cudarc_buffers() {
     }
 }
 
+/// The MLA append on cudarc buffers: q_pe inside q's heads, kv_c and k_pe as views of one
+/// projection, a paged latent cache; a refused call writes nothing.
+#[test]
+fn mla_append_on_cudarc_buffers() {
+    let Some((stream, kernels)) = cudarc_gpu("mla_append_on_cudarc_buffers") else { return };
+    let seed = test_seed("mla_append_on_cudarc_buffers");
+    let (tokens, heads, nope, pe, rank, blocks, bs) = (9, 4, 32, 64, 128, 6, 16);
+    let (qd, w) = (nope + pe, rank + pe);
+    let config = RopeConfig::new(pe, 1024).dtype(DType::BF16).style(RopeStyle::GptJ);
+    let rope = Rope::new(&kernels, config.clone()).unwrap();
+    let (q, kv_a, c0) = (
+        random_bf16(seed, 1, tokens * heads * qd),
+        random_bf16(seed, 2, tokens * w),
+        random_bf16(seed, 3, blocks * bs * w),
+    );
+    let ids: Vec<i32> = (0..tokens as u64).map(|t| (splitmix64(seed ^ t) % 1024) as i32).collect();
+    let slots = common::distinct_slots(seed, blocks * bs, tokens, &[4]);
+    let (mut dq, dkv, mut dc) = (
+        stream.clone_htod(&to2(&q)).unwrap(),
+        stream.clone_htod(&to2(&kv_a)).unwrap(),
+        stream.clone_htod(&to2(&c0)).unwrap(),
+    );
+    let (dids, dslots) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&slots).unwrap());
+    let q_pe = Layout::strided([1, tokens, heads, pe], [tokens * heads * qd, heads * qd, qd], nope);
+    let (cl, kl) = (
+        Layout::strided([1, tokens, 1, rank], [tokens * w, w, w], 0),
+        Layout::strided([1, tokens, 1, pe], [tokens * w, w, w], rank),
+    );
+    for bad in [true, false] {
+        let mut qv = TensorMut::new((&mut dq, &stream), q_pe);
+        let (kv_c, k_pe) = (Tensor::new((&dkv, &stream), cl), Tensor::new((&dkv, &stream), kl));
+        // A bad call names the wrong kv_lora_rank.
+        let mut cache =
+            rope_cuda::MlaCache::paged((&mut dc, &stream), Layout::bshd(blocks, bs, 1, w), rank - 8 * bad as usize);
+        let args = rope_cuda::MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32((&dids, &stream)))
+            .slots((&dslots, &stream))
+            .q_pe(&mut qv);
+        let e = rope.append_mla(args, &stream);
+        match bad {
+            true => assert!(matches!(e, Err(Error::Shape { what: "kv_c", .. })), "{e:?}"),
+            false => e.unwrap(),
+        }
+        if bad {
+            assert_eq!(from2(&stream.clone_dtoh(&dc).unwrap()), c0, "a refused append wrote the cache");
+        }
+    }
+    let (gq, gc) = (from2(&stream.clone_dtoh(&dq).unwrap()), from2(&stream.clone_dtoh(&dc).unwrap()));
+    for t in 0..tokens {
+        for h in 0..heads {
+            let at = (t * heads + h) * qd;
+            assert_eq!(&gq[at..at + nope], &q[at..at + nope], "q's nope dims of token {t}");
+            let r = at + nope..at + qd;
+            assert_rotated(&format!("q_pe of token {t} head {h}"), &gq[r.clone()], &q[r], ids[t] as i64, &config);
+        }
+        if slots[t] < 0 {
+            continue;
+        }
+        let n = slots[t] as usize * w;
+        assert_eq!(&gc[n..n + rank], &kv_a[t * w..t * w + rank], "kv_c of token {t}");
+        let k = t * w + rank..(t + 1) * w;
+        assert_rotated(&format!("k_pe of token {t}"), &gc[n + rank..n + w], &kv_a[k], ids[t] as i64, &config);
+    }
+    for n in (0..blocks * bs).filter(|n| !slots.contains(&(*n as i64))) {
+        assert_eq!(&gc[n * w..(n + 1) * w], &c0[n * w..(n + 1) * w], "row {n} changed");
+    }
+}
+
 #[test]
 fn reference_update_on_cudarc_buffers() {
     let Some((stream, kernels)) = cudarc_gpu("reference_update_on_cudarc_buffers") else { return };

@@ -12,42 +12,14 @@
 
 mod common;
 
-use common::{download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, TestElem};
-use cust::memory::{DeviceBuffer, DeviceCopy};
+use common::{code, download_t, gpu, noise, row_at, test_seed, upload_t, CacheKind, Code, Draw, Gpu, TestElem};
+use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row, rope_row_streams, splitmix64, uniform_vec};
 use rope_cuda::{
-    CosSin, DType, Direction, Element, Error, Fp8, Graph, KvAppend, KvCache, KvScales, Layout, Mrope, PositionKind,
-    Positions, RawKvArgs, RawPositions, RawQFp8, RawTensor, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3,
-    F8E5M2,
+    CosSin, DType, Direction, Error, Fp8, Graph, KvAppend, KvCache, KvScales, Layout, Mrope, PositionKind, Positions,
+    RawKvArgs, RawPositions, RawQFp8, RawTensor, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3, F8E5M2,
 };
-
-/// An FP8 cache element type.
-trait Code: Element + DeviceCopy + Copy + Default + std::fmt::Debug {
-    const FMT: Fp8;
-    fn of(b: u8) -> Self;
-    fn byte(self) -> u8;
-}
-
-impl Code for F8E4M3 {
-    const FMT: Fp8 = Fp8::E4M3;
-    fn of(b: u8) -> Self {
-        F8E4M3(b)
-    }
-    fn byte(self) -> u8 {
-        self.0
-    }
-}
-
-impl Code for F8E5M2 {
-    const FMT: Fp8 = Fp8::E5M2;
-    fn of(b: u8) -> Self {
-        F8E5M2(b)
-    }
-    fn byte(self) -> u8 {
-        self.0
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Case {
@@ -74,16 +46,6 @@ const BASE: f64 = 10_000.0;
 /// Scales that put the inputs (uniform in [-1, 1)) across each format's range: saturated
 /// (E4M3 past 448), normal, and subnormal.
 const SCALES: [f32; 5] = [3.7, 0.0019, 0.37, 41.0, 1.0];
-
-/// The code the model stores for `x` (the f32 nearest the exact value) at `scale`.
-fn code(fmt: Fp8, x: f32, scale: f32) -> u8 {
-    fmt.from_f32(x / scale)
-}
-
-/// Random bytes (never all one value): the caches' and q output's contents before the call.
-fn noise(seed: u64, n: usize) -> Vec<u8> {
-    (0..n as u64).map(|i| splitmix64(seed ^ (i << 20) ^ 0x5EED) as u8).collect()
-}
 
 /// Runs one append into FP8 caches and checks every byte of both caches, and q (in place:
 /// within 1 ulp of the correctly rounded rotation, f32 within 2e-6; into FP8: every byte)

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{data_file, download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, Reader, TestElem};
+use common::{
+    check_close, data_file, download_t, gpu, row_at, test_seed, upload_t, CacheKind, Draw, Gpu, Reader, TestElem,
+};
 use cust::memory::DeviceBuffer;
 use half::{bf16, f16};
 use rope_cuda::reference::{relative_error, rope_row, splitmix64, uniform, uniform_vec};
@@ -378,21 +380,6 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
     }
     if hq > 0 {
         check_close::<T>(&q_out, &want_q, &exact_q, &format!("{what}: q"));
-    }
-}
-
-/// Elements with an exact value: f32 within 2e-6 of it relative to the row scale (1), 16-bit
-/// within 1 ulp of its correctly rounded value; the rest bit-identical.
-fn check_close<T: TestElem>(got: &[T], want: &[T], exact: &[Option<f64>], what: &str) {
-    for i in 0..got.len() {
-        match exact[i] {
-            Some(e) if T::NAME == "f32" => {
-                let err = (got[i].to_f64() - e).abs();
-                assert!(err <= 2e-6, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
-            }
-            Some(_) => assert!(got[i].ulps(want[i]) <= 1, "{what}: element {i}: {:?} vs {:?}", got[i], want[i]),
-            None => assert_eq!(got[i].bits(), want[i].bits(), "{what}: element {i} changed"),
-        }
     }
 }
 

@@ -18,7 +18,10 @@
 
 mod common;
 
-use common::{data_file, download_t, gpu, upload_t, Reader, TestElem};
+use common::{
+    data_file, download_t, gpu, model_golden as golden, upload_t, ModelGolden as Golden, ModelRecord as Record,
+    TestElem,
+};
 use cust::memory::DeviceBuffer;
 use half::bf16;
 use rope_cuda::reference::rope_row_streams;
@@ -69,43 +72,6 @@ const MODELS: &[(&str, bool, bool)] = &[
     ("ernie4_5", true, false),
     ("ernie4_5_moe", true, false),
 ];
-
-/// One call of the model's apply function: the layer, and a `[seq, heads, dim]` input and output.
-struct Record {
-    layer: Option<usize>,
-    heads: usize,
-    dim: usize,
-    input: Vec<f32>,
-    output: Vec<f32>,
-}
-
-struct Golden {
-    /// `[seq][3]`: each token's positions (three equal ones for plain RoPE).
-    positions: Vec<[i64; 3]>,
-    streams: usize,
-    records: Vec<Record>,
-}
-
-fn golden(name: &str) -> Golden {
-    let bytes = data_file(&format!("models/{name}.bin"));
-    let mut r = Reader(&bytes);
-    assert_eq!(&r.take::<8>(), b"RPMD1\0\0\0", "{name}");
-    let (streams, seq) = (r.u32(), r.u32());
-    assert!(streams == 1 || streams == 3, "{name}: {streams} streams");
-    let flat: Vec<i64> = (0..streams * seq).map(|_| r.i64()).collect();
-    let positions = (0..seq).map(|t| [0, 1, 2].map(|k| flat[(k % streams) * seq + t])).collect();
-    let n = r.u32();
-    let mut records = Vec::new();
-    for _ in 0..n {
-        let (layer, heads, dim) = (r.u32(), r.u32(), r.u32());
-        let len = seq * heads * dim;
-        let input = (0..len).map(|_| f32::from_le_bytes(r.take())).collect();
-        let output = (0..len).map(|_| f32::from_le_bytes(r.take())).collect();
-        records.push(Record { layer: (layer != u32::MAX as usize).then_some(layer), heads, dim, input, output });
-    }
-    assert!(r.0.is_empty(), "{name}: trailing bytes");
-    Golden { positions, streams, records }
-}
 
 fn config_json(name: &str) -> String {
     String::from_utf8(data_file(&format!("models/{name}.json"))).expect("UTF-8")

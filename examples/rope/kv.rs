@@ -657,6 +657,231 @@ fn fp8_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, seqs: usize, new
     Ok(KvRow { name, what: format!("bf16->e4m3 {seqs}x{new} tok 32/8 h d128 pg16"), op, against, ulps })
 }
 
+/// DeepSeek-V3's MLA step ([`Rope::append_mla`]): `tokens` tokens of 128 heads whose q is
+/// `[tokens, 128, 192]` (the rotary part the last 64 of each head, rotated in place), kv_c and
+/// k_pe the two parts of the kv_a projection's `[tokens, 576]`, into a paged bf16 latent cache
+/// `[4096, 64, 576]` (vLLM's layout), interleaved pairs. Decode (64 tokens): one request a
+/// token at scattered slots and positions, device time, warm and with L2 flushed (peers' row
+/// I-decode); prefill: 4 requests of `tokens / 4` from position 0 on pages drawn from the cache.
+/// Against a copy of the bytes it moves: q_pe read and written, kv_c and k_pe read, the rows
+/// written.
+fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -> Res<Vec<KvRow>> {
+    use rope_cuda::reference::splitmix64;
+    use rope_cuda::{MlaAppend, MlaCache};
+    let (heads, nope, pe, rank, blocks, bs) = (128, 128, 64, 512, 4096, 64);
+    let (qd, w) = (nope + pe, rank + pe);
+    let decode = tokens <= 64;
+    let (positions, slots): (Vec<i32>, Vec<i64>) = match decode {
+        true => {
+            // Distinct slots: a seeded shuffle's first `tokens`.
+            let mut all: Vec<i64> = (0..(blocks * bs) as i64).collect();
+            for i in (1..all.len()).rev() {
+                all.swap(i, (splitmix64(i as u64) % (i as u64 + 1)) as usize);
+            }
+            let pos = (0..tokens).map(|t| (splitmix64(t as u64 ^ 0xD5) % 8192) as i32).collect();
+            (pos, all[..tokens].to_vec())
+        }
+        false => {
+            let per = tokens / 4;
+            let mut pages: Vec<i64> = (0..blocks as i64).collect();
+            for i in (1..pages.len()).rev() {
+                pages.swap(i, (splitmix64(i as u64 ^ 0xA11) % (i as u64 + 1)) as usize);
+            }
+            let slot = |t: usize| pages[(t / per) * (per / bs) + (t % per) / bs] * bs as i64 + (t % per % bs) as i64;
+            ((0..tokens).map(|t| (t % per) as i32).collect(), (0..tokens).map(slot).collect())
+        }
+    };
+    let rope =
+        Rope::new(kernels, crate::cos_sin(RopeConfig::new(pe, 8192).style(RopeStyle::GptJ).dtype(DType::BF16))?)?;
+    let (qh, kv_a) = (seeded(30, tokens * heads * qd), seeded(31, tokens * w));
+    let mut dq = upload(&qh)?;
+    let dkv = upload(&kv_a)?;
+    let mut dc = upload(&seeded(32, blocks * bs * w))?;
+    let (dpos, dslots) = (DeviceBuffer::from_slice(&positions)?, DeviceBuffer::from_slice(&slots)?);
+    let q_pe = Layout::strided([1, tokens, heads, pe], [tokens * heads * qd, heads * qd, qd], nope);
+    let (kv_c, k_pe) = (
+        Layout::strided([1, tokens, 1, rank], [tokens * w, w, w], 0),
+        Layout::strided([1, tokens, 1, pe], [tokens * w, w, w], rank),
+    );
+    let cache_layout = Layout::bshd(blocks, bs, 1, w);
+    let op = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>| {
+        let mut cache = MlaCache::paged(dc, cache_layout, rank);
+        let mut q = TensorMut::new(dq, q_pe);
+        let (c, k) = (Tensor::new(&dkv, kv_c), Tensor::new(&dkv, k_pe));
+        rope.append_mla(
+            MlaAppend::new(&c, &k, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q),
+            stream,
+        )
+    };
+    // The check: one call on fresh q, then a sample of tokens' rows and q heads.
+    op(&mut dq, &mut dc)?;
+    rope.check_errors(stream)?;
+    let (q_after, cache) = (download(&dq)?, download(&dc)?);
+    let mut ulps = 0;
+    for t in (0..tokens).step_by(7.max(tokens / 256)) {
+        let y = |x: &[bf16]| {
+            let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+            rope_row(&x, positions[t] as f64, 10_000.0, pe, RopeStyle::GptJ, Direction::Forward)
+        };
+        let at = slots[t] as usize * w;
+        // kv_c bit for bit (an error of "ulps" past any rounding).
+        if cache[at..at + rank] != kv_a[t * w..t * w + rank] {
+            ulps = u64::MAX;
+        }
+        for (j, &yj) in y(&kv_a[t * w + rank..(t + 1) * w]).iter().enumerate() {
+            ulps = ulps.max(cache[at + rank + j].ulps(bf16::round(yj)));
+        }
+        for h in (0..heads).step_by(9) {
+            let at = (t * heads + h) * qd;
+            for (j, &yj) in y(&qh[at + nope..at + qd]).iter().enumerate() {
+                ulps = ulps.max(q_after[at + nope + j].ulps(bf16::round(yj)));
+            }
+            if q_after[at..at + nope] != qh[at..at + nope] {
+                ulps = u64::MAX;
+            }
+        }
+    }
+    // q_pe read and written, kv_c and k_pe read, the rows written (bytes).
+    let bytes = tokens * (2 * heads * pe + 2 * w) * 2;
+    let src = upload(&seeded(33, bytes / 4))?;
+    let mut dst = upload(&seeded(34, bytes / 4))?;
+    let runs = 200;
+    let what = format!("bf16 {tokens} tok 128 h, 512+64, pg64");
+    let mut rows = Vec::new();
+    if decode {
+        let device = time_device(kernels, stream, 20, runs, || op(&mut dq, &mut dc))?;
+        let copy = time_device(kernels, stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+        // With L2 flushed before each run (a 256 MiB memset outside the events), as peers time.
+        let flush = DeviceBuffer::from_slice(&vec![0u32; 64 << 20])?;
+        let flushed = rope_cuda::bench::time_after(
+            stream,
+            20,
+            runs,
+            || {
+                flush_l2(&flush, stream)?;
+                rope_cuda::bench::spin(kernels, stream, 200_000)
+            },
+            || op(&mut dq, &mut dc),
+        )?;
+        rows.push(KvRow {
+            name: "mla decode, device",
+            what: what.clone(),
+            op: device,
+            against: Against::Copy(copy, bytes as u64),
+            ulps,
+        });
+        // As the peers time their rows: CUDA events around each call (the host's queueing
+        // inside them), L2 flushed before.
+        let events =
+            rope_cuda::bench::time_after(stream, 20, runs, || flush_l2(&flush, stream), || op(&mut dq, &mut dc))?;
+        rows.push(KvRow {
+            name: "mla decode, L2 flushed",
+            what: what.clone(),
+            op: flushed,
+            against: Against::Baseline("warm L2", device),
+            ulps: 0,
+        });
+        rows.push(KvRow {
+            name: "mla decode, as peers",
+            what: "events around the call, L2 flushed".into(),
+            op: events,
+            against: Against::Baseline("device, L2 flushed", flushed),
+            ulps: 0,
+        });
+    } else {
+        let fused = time_op(stream, 20, runs, || op(&mut dq, &mut dc))?;
+        let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+        // The access pattern's own yardstick: q_pe's 128 bytes of every 384 copied as a 2-D
+        // copy (same pitch, read and written), plus a copy of the latent rows' bytes.
+        let mut dq2 = upload(&qh)?;
+        let q_bytes = |b: &DeviceBuffer<bf16>| b.as_device_ptr().as_raw() + (nope * 2) as u64;
+        let strided = time_op(stream, 20, runs, || {
+            copy_2d(q_bytes(&dq), q_bytes(&dq2), (pe * 2, qd * 2, tokens * heads), stream)
+        })?;
+        let row_bytes = tokens * w * 2;
+        let (rs, mut rd) = (upload(&seeded(35, row_bytes / 2))?, upload(&seeded(36, row_bytes / 2))?);
+        let rows_copy = time_op(stream, 20, runs, || copy_d2d(&rs, &mut rd, stream))?;
+        let both = Timing {
+            median_us: strided.median_us + rows_copy.median_us,
+            p90_us: strided.p90_us + rows_copy.p90_us,
+            runs,
+        };
+        // RoPE alone on q_pe, in place (the q part of the step).
+        let rope_q = time_op(stream, 20, runs, || {
+            let mut q = TensorMut::new(&mut dq2, q_pe);
+            rope.apply(RopeArgs::in_place(&mut q, Positions::ids_i32(&dpos)), stream)
+        })?;
+        rows.push(KvRow {
+            name: "mla prefill, fused",
+            what: what.clone(),
+            op: fused,
+            against: Against::Copy(copy, bytes as u64),
+            ulps,
+        });
+        rows.push(KvRow {
+            name: "mla prefill, strided",
+            what: "vs 2-D copy of q_pe + copy of rows".into(),
+            op: fused,
+            against: Against::Baseline("2-D + row copy", both),
+            ulps: 0,
+        });
+        rows.push(KvRow {
+            name: "mla q_pe RoPE alone",
+            what: "in place, 128 of every 384 bytes".into(),
+            op: rope_q,
+            against: Against::Baseline("2-D copy of q_pe", strided),
+            ulps: 0,
+        });
+    }
+    Ok(rows)
+}
+
+/// Queues a memset of `flush` (larger than L2) on `stream`: the next launch finds L2 cold.
+fn flush_l2(flush: &DeviceBuffer<u32>, stream: &Stream) -> rope_cuda::Result<()> {
+    // SAFETY: `flush` holds `flush.len()` words and outlives the work queued on `stream` (the
+    // timing synchronises before it returns).
+    let r = unsafe { cust::sys::cuMemsetD32Async(flush.as_device_ptr().as_raw(), 0, flush.len(), stream.as_inner()) };
+    match r {
+        cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
+        e => Err(rope_cuda::Error::Driver { call: "cuMemsetD32Async", code: e as u32 }),
+    }
+}
+
+/// Queues a 2-D device copy of `height` rows of `width` bytes, `pitch` bytes apart, from
+/// `src` to `dst` (both device addresses of buffers that hold them).
+fn copy_2d(
+    src: u64,
+    dst: u64,
+    (width, pitch, height): (usize, usize, usize),
+    stream: &Stream,
+) -> rope_cuda::Result<()> {
+    use cust::sys::{CUDA_MEMCPY2D_st, CUmemorytype_enum::CU_MEMORYTYPE_DEVICE};
+    let copy = CUDA_MEMCPY2D_st {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
+    // SAFETY: the caller's buffers hold `height` rows of `pitch` bytes from each address.
+    let r = unsafe { cust::sys::cuMemcpy2DAsync_v2(&copy, stream.as_inner()) };
+    match r {
+        cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
+        e => Err(rope_cuda::Error::Driver { call: "cuMemcpy2DAsync", code: e as u32 }),
+    }
+}
+
 /// Runs, checks and prints the KV rows; `Ok(false)` if a check failed.
 pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
     // `ROPE_CUDA_DECODE_ONLY=1`: the decode step's rows alone (a short run for profilers).
@@ -671,6 +896,10 @@ pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
         rows.push(step(kernels, stream, 4, 512, false, &mut extra)?);
         rows.push(step(kernels, stream, 16, 4096, false, &mut extra)?);
         rows.push(fp8_step(kernels, stream, 16, 4096)?);
+    }
+    rows.append(&mut mla_step(kernels, stream, 64)?);
+    if !decode_only {
+        rows.append(&mut mla_step(kernels, stream, 16384)?);
     }
     rows.append(&mut extra);
     println!();

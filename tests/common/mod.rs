@@ -227,6 +227,101 @@ pub fn assert_rotated<T: TestElem>(what: &str, got: &[T], x: &[T], pos: i64, con
     }
 }
 
+/// Elements with an exact value: f32 within 2e-6 of it relative to the row scale (1), 16-bit
+/// within 1 ulp of its correctly rounded value; the rest bit-identical.
+pub fn check_close<T: TestElem>(got: &[T], want: &[T], exact: &[Option<f64>], what: &str) {
+    for i in 0..got.len() {
+        match exact[i] {
+            Some(e) if T::NAME == "f32" => {
+                let err = (got[i].to_f64() - e).abs();
+                assert!(err <= 2e-6, "{what}: element {i}: {:?} vs {e} (error {err:e})", got[i]);
+            }
+            Some(_) => assert!(got[i].ulps(want[i]) <= 1, "{what}: element {i}: {:?} vs {:?}", got[i], want[i]),
+            None => assert_eq!(got[i].bits(), want[i].bits(), "{what}: element {i} changed"),
+        }
+    }
+}
+
+// The model families' golden data (tests/data/make_golden_models.py).
+
+/// One call of the model's apply function: the layer, and a `[seq, heads, dim]` input and output.
+pub struct ModelRecord {
+    pub layer: Option<usize>,
+    pub heads: usize,
+    pub dim: usize,
+    pub input: Vec<f32>,
+    pub output: Vec<f32>,
+}
+
+/// A model family's golden file: the tokens' positions and every recorded call.
+pub struct ModelGolden {
+    /// `[seq][3]`: each token's positions (three equal ones for plain RoPE).
+    pub positions: Vec<[i64; 3]>,
+    pub streams: usize,
+    pub records: Vec<ModelRecord>,
+}
+
+/// `tests/data/models/{name}.bin`, read.
+pub fn model_golden(name: &str) -> ModelGolden {
+    let bytes = data_file(&format!("models/{name}.bin"));
+    let mut r = Reader(&bytes);
+    assert_eq!(&r.take::<8>(), b"RPMD1\0\0\0", "{name}");
+    let (streams, seq) = (r.u32(), r.u32());
+    assert!(streams == 1 || streams == 3, "{name}: {streams} streams");
+    let flat: Vec<i64> = (0..streams * seq).map(|_| r.i64()).collect();
+    let positions = (0..seq).map(|t| [0, 1, 2].map(|k| flat[(k % streams) * seq + t])).collect();
+    let n = r.u32();
+    let mut records = Vec::new();
+    for _ in 0..n {
+        let (layer, heads, dim) = (r.u32(), r.u32(), r.u32());
+        let len = seq * heads * dim;
+        let input = (0..len).map(|_| f32::from_le_bytes(r.take())).collect();
+        let output = (0..len).map(|_| f32::from_le_bytes(r.take())).collect();
+        records.push(ModelRecord { layer: (layer != u32::MAX as usize).then_some(layer), heads, dim, input, output });
+    }
+    assert!(r.0.is_empty(), "{name}: trailing bytes");
+    ModelGolden { positions, streams, records }
+}
+
+// FP8 caches' tests.
+
+/// An FP8 cache element type.
+pub trait Code: rope_cuda::Element + cust::memory::DeviceCopy + Copy + Default + std::fmt::Debug {
+    const FMT: rope_cuda::Fp8;
+    fn of(b: u8) -> Self;
+    fn byte(self) -> u8;
+}
+
+impl Code for rope_cuda::F8E4M3 {
+    const FMT: rope_cuda::Fp8 = rope_cuda::Fp8::E4M3;
+    fn of(b: u8) -> Self {
+        rope_cuda::F8E4M3(b)
+    }
+    fn byte(self) -> u8 {
+        self.0
+    }
+}
+
+impl Code for rope_cuda::F8E5M2 {
+    const FMT: rope_cuda::Fp8 = rope_cuda::Fp8::E5M2;
+    fn of(b: u8) -> Self {
+        rope_cuda::F8E5M2(b)
+    }
+    fn byte(self) -> u8 {
+        self.0
+    }
+}
+
+/// The code the model stores for `x` (the f32 nearest the exact value) at `scale`.
+pub fn code(fmt: rope_cuda::Fp8, x: f32, scale: f32) -> u8 {
+    fmt.from_f32(x / scale)
+}
+
+/// Random bytes (never all one value): the caches' and q output's contents before the call.
+pub fn noise(seed: u64, n: usize) -> Vec<u8> {
+    (0..n as u64).map(|i| rope_cuda::reference::splitmix64(seed ^ (i << 20) ^ 0x5EED) as u8).collect()
+}
+
 /// FP8 conversion inputs (tests/fp8.rs, tests/fp8_gpu.rs): every value of both formats and the
 /// midpoints between neighbours (with the f32 on either
 /// side), the saturation points, specials, and seeded random bits and values.
