@@ -8,12 +8,13 @@ use cust::event::{Event, EventFlags};
 use cust::memory::{DeviceCopy, DeviceSlice};
 use cust::stream::Stream;
 
-use rope_cuda_kernels::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch};
+use rope_cuda_kernels::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch, BenchTouchRows};
 use rope_cuda_kernels::params::Touch;
 
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
+use crate::launch::check_u32;
 
 /// Summary of repeated timings of one operation, in microseconds of device time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -133,6 +134,32 @@ pub fn touch<T: DeviceCopy>(
     let g = Geometry { grid: (p.chunks().div_ceil(128) as u32, 1), block: (128, 1) };
     // SAFETY: both addresses are 16-byte aligned (checked) and hold `chunks` whole chunks.
     unsafe { kernels.launch(BenchTouch, g, 0, &p, stream.as_inner()) }
+}
+
+/// Queues a copy of `rows` rows of `row_bytes` bytes, `pitch` bytes apart, from device address
+/// `src` to `dst` (the same offsets), one 16-byte load and store per thread, in blocks of 128:
+/// a strided view's own copy (MLA's q_pe: 128 bytes of every 384). [`Error::Alignment`]
+/// unless both addresses, `row_bytes` and `pitch` are multiples of 16.
+///
+/// # Safety
+/// Both addresses are device memory of the kernels' context holding every row, not freed
+/// until the copy completes.
+pub unsafe fn touch_rows(
+    kernels: &Kernels,
+    stream: &Stream,
+    (src, dst): (u64, u64),
+    (row_bytes, pitch, rows): (u64, u64, u64),
+) -> Result<()> {
+    let Some(p) = rope_cuda_kernels::params::TouchRows::new(src, dst, row_bytes, pitch, rows) else {
+        return Err(Error::Alignment { what: "touch_rows", address: src | dst | pitch | row_bytes, align: 16 });
+    };
+    if p.chunks() == 0 {
+        return Ok(());
+    }
+    check_u32(&[("touch_rows chunks", p.chunks() as usize)])?;
+    let g = Geometry { grid: (p.chunks().div_ceil(128) as u32, 1), block: (128, 1) };
+    // SAFETY: the caller's contract; the addresses and pitch are 16-byte aligned (checked).
+    unsafe { kernels.launch(BenchTouchRows, g, 0, &p, stream.as_inner()) }
 }
 
 /// Queues the conversion of the f32 pairs of `src` to E4M3 and E5M2 by the kernels'

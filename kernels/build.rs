@@ -292,6 +292,7 @@ fn main() {
         ("BenchEmpty", "u64", "empty", "bench_empty"),
         ("BenchSpin", "u64", "spin", "bench_spin"),
         ("BenchTouch", "Touch", "touch", "bench_touch"),
+        ("BenchTouchRows", "TouchRows", "touch_rows", "bench_touch_rows"),
         ("BenchFp8", "Touch", "fp8", "bench_fp8"),
     ] {
         writeln!(

@@ -536,3 +536,32 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
         }
     }
 }
+
+/// The strided copy the example times MLA's q_pe against (`bench::touch_rows`) copies exactly
+/// its rows' bytes and nothing between them.
+#[test]
+fn strided_copy_yardstick_copies_its_rows_only() {
+    let test = "strided_copy_yardstick_copies_its_rows_only";
+    let Some(g) = gpu(test) else { return };
+    let seed = test_seed(test);
+    let (rows, pitch, offset, width) = (37usize, 96usize, 32usize, 48usize);
+    let src = noise(seed, rows * pitch);
+    let dst0 = noise(seed ^ 1, rows * pitch);
+    let (ds, dd) = (upload_t(&src), upload_t(&dst0));
+    let at = |b: &DeviceBuffer<u8>| b.as_device_ptr().as_raw() + offset as u64;
+    let shape = (width as u64, pitch as u64, (rows - 1) as u64);
+    // SAFETY: both buffers hold `rows` rows of `pitch` bytes; the copy reaches row `rows - 2`'s
+    // end at most.
+    unsafe { rope_cuda::bench::touch_rows(&g.kernels, &g.stream, (at(&ds), at(&dd)), shape) }.unwrap();
+    g.stream.synchronize().unwrap();
+    let got: Vec<u8> = download_t(&dd);
+    for i in 0..rows * pitch {
+        let (r, c) = (i / pitch, i % pitch);
+        let copied = r < rows - 1 && (offset..offset + width).contains(&c);
+        assert_eq!(got[i], if copied { src[i] } else { dst0[i] }, "byte {i} (row {r}, column {c})");
+    }
+    // Misaligned: refused before any launch.
+    // SAFETY: as above (nothing is launched).
+    let e = unsafe { rope_cuda::bench::touch_rows(&g.kernels, &g.stream, (at(&ds) + 8, at(&dd)), shape) };
+    assert!(matches!(e, Err(Error::Alignment { .. })), "{e:?}");
+}

@@ -5,7 +5,7 @@
 use cust::memory::{CopyDestination, DeviceBuffer};
 use cust::stream::Stream;
 use half::bf16;
-use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, touch, Timing};
+use rope_cuda::bench::{copy_d2d, empty, host_time, time_batched, time_device, time_op, touch, touch_rows, Timing};
 use rope_cuda::reference::{rope_row, uniform, RefElem};
 use rope_cuda::seed::{KvShape, KvUpdate};
 use rope_cuda::{
@@ -774,6 +774,17 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
         // inside them), L2 flushed before.
         let events =
             rope_cuda::bench::time_after(stream, 20, runs, || flush_l2(&flush, stream), || op(&mut dq, &mut dc))?;
+        // The least any kernel that reads these bytes and writes them costs, timed the same way.
+        let touch_flushed = rope_cuda::bench::time_after(
+            stream,
+            20,
+            runs,
+            || {
+                flush_l2(&flush, stream)?;
+                rope_cuda::bench::spin(kernels, stream, 200_000)
+            },
+            || touch(kernels, stream, &src, &mut dst),
+        )?;
         rows.push(KvRow {
             name: "mla decode, L2 flushed",
             what: what.clone(),
@@ -788,16 +799,26 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
             against: Against::Baseline("device, L2 flushed", flushed),
             ulps: 0,
         });
+        rows.push(KvRow {
+            name: "copy kernel, L2 flushed",
+            what: format!("the step's {} KB each way, device", bytes / 2048),
+            op: touch_flushed,
+            against: Against::Baseline("mla decode, L2 flushed", flushed),
+            ulps: 0,
+        });
     } else {
         let fused = time_op(stream, 20, runs, || op(&mut dq, &mut dc))?;
         let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
-        // The access pattern's own yardstick: q_pe's 128 bytes of every 384 copied as a 2-D
-        // copy (same pitch, read and written), plus a copy of the latent rows' bytes.
+        // The access pattern's own yardstick: q_pe's 128 bytes of every 384 copied by a copy
+        // kernel of strided rows (16 bytes a thread, read and written at q_pe's offsets), plus
+        // a copy of the latent rows' bytes.
         let mut dq2 = upload(&qh)?;
         let q_bytes = |b: &DeviceBuffer<bf16>| b.as_device_ptr().as_raw() + (nope * 2) as u64;
-        let strided = time_op(stream, 20, runs, || {
-            copy_2d(q_bytes(&dq), q_bytes(&dq2), (pe * 2, qd * 2, tokens * heads), stream)
-        })?;
+        let (from, to) = (q_bytes(&dq), q_bytes(&dq2));
+        let shape = ((pe * 2) as u64, (qd * 2) as u64, (tokens * heads) as u64);
+        // SAFETY: both buffers hold q's `tokens * heads` rows of `qd` elements, alive until the
+        // timing's synchronisation.
+        let strided = time_op(stream, 20, runs, || unsafe { touch_rows(kernels, stream, (from, to), shape) })?;
         let row_bytes = tokens * w * 2;
         let (rs, mut rd) = (upload(&seeded(35, row_bytes / 2))?, upload(&seeded(36, row_bytes / 2))?);
         let rows_copy = time_op(stream, 20, runs, || copy_d2d(&rs, &mut rd, stream))?;
@@ -820,16 +841,16 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
         });
         rows.push(KvRow {
             name: "mla prefill, strided",
-            what: "vs 2-D copy of q_pe + copy of rows".into(),
+            what: "vs strided copy of q_pe + rows".into(),
             op: fused,
-            against: Against::Baseline("2-D + row copy", both),
+            against: Against::Baseline("strided + row copy", both),
             ulps: 0,
         });
         rows.push(KvRow {
             name: "mla q_pe RoPE alone",
             what: "in place, 128 of every 384 bytes".into(),
             op: rope_q,
-            against: Against::Baseline("2-D copy of q_pe", strided),
+            against: Against::Baseline("strided copy of q_pe", strided),
             ulps: 0,
         });
     }
@@ -844,41 +865,6 @@ fn flush_l2(flush: &DeviceBuffer<u32>, stream: &Stream) -> rope_cuda::Result<()>
     match r {
         cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
         e => Err(rope_cuda::Error::Driver { call: "cuMemsetD32Async", code: e as u32 }),
-    }
-}
-
-/// Queues a 2-D device copy of `height` rows of `width` bytes, `pitch` bytes apart, from
-/// `src` to `dst` (both device addresses of buffers that hold them).
-fn copy_2d(
-    src: u64,
-    dst: u64,
-    (width, pitch, height): (usize, usize, usize),
-    stream: &Stream,
-) -> rope_cuda::Result<()> {
-    use cust::sys::{CUDA_MEMCPY2D_st, CUmemorytype_enum::CU_MEMORYTYPE_DEVICE};
-    let copy = CUDA_MEMCPY2D_st {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: pitch,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: pitch,
-        WidthInBytes: width,
-        Height: height,
-    };
-    // SAFETY: the caller's buffers hold `height` rows of `pitch` bytes from each address.
-    let r = unsafe { cust::sys::cuMemcpy2DAsync_v2(&copy, stream.as_inner()) };
-    match r {
-        cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
-        e => Err(rope_cuda::Error::Driver { call: "cuMemcpy2DAsync", code: e as u32 }),
     }
 }
 

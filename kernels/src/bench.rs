@@ -9,7 +9,7 @@ use core::arch::asm;
 
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, thread_idx, Io, Vec16, F32};
-use crate::params::Touch;
+use crate::params::{Touch, TouchRows};
 
 /// Does nothing (`bench_empty`; its parameter is unused).
 ///
@@ -48,6 +48,26 @@ pub(crate) unsafe fn touch(p: &Touch) {
         unsafe {
             let v = Vec16::<F32>::load_raw((p.src as *const u8).wrapping_add(16 * i as usize));
             Vec16::<F32>::store_raw((p.dst as *mut u8).wrapping_add(16 * i as usize), v);
+        }
+    }
+}
+
+/// Copies chunk `i` of `p.chunks` 16-byte chunks of strided rows, one per thread
+/// (`bench_touch_rows`): row `i / row_chunks`, chunk `i % row_chunks` of it.
+///
+/// # Safety
+/// Both addresses hold every row (`TouchRows::new` checks the alignment); fewer than 2^32
+/// chunks.
+#[inline(always)]
+pub(crate) unsafe fn touch_rows(p: &TouchRows) {
+    let i = block_idx().0 * block_dim().0 + thread_idx().0;
+    if (i as u64) < p.chunks {
+        let (row, c) = p.row_chunks.divmod(i);
+        let at = (row as u64 * p.pitch + 16 * c as u64) as usize;
+        // SAFETY: the caller's contract: chunk `c` of row `row` exists in both.
+        unsafe {
+            let v = Vec16::<F32>::load_raw((p.src as *const u8).wrapping_add(at));
+            Vec16::<F32>::store_raw((p.dst as *mut u8).wrapping_add(at), v);
         }
     }
 }

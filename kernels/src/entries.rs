@@ -8,16 +8,16 @@
 //! list in `build.rs`.
 
 #[cfg(feature = "bench")]
-use crate::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch};
+use crate::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch, BenchTouchRows};
 use crate::keys::{
     ClaimKey, DType, KvKey, KvTypes, KvWidth, ReadKey, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource,
 };
-#[cfg(feature = "bench")]
-use crate::params::Touch;
 use crate::params::{KvParams, ReadParams, RopeParams};
+#[cfg(feature = "bench")]
+use crate::params::{Touch, TouchRows};
 
 #[cfg(all(target_arch = "nvptx64", feature = "bench"))]
-use crate::bench::{empty, fp8, spin, touch};
+use crate::bench::{empty, fp8, spin, touch, touch_rows};
 #[cfg(target_arch = "nvptx64")]
 use crate::{
     gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32, F8},

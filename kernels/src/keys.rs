@@ -205,6 +205,11 @@ pub struct BenchSpin;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchTouch;
 
+/// `bench_touch_rows`: copies 16-byte chunks of strided rows, one per thread.
+#[cfg(feature = "bench")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchTouchRows;
+
 /// `bench_fp8`: converts f32 pairs to both FP8 formats with [`crate::fp8::Fp8::pack2`] (the
 /// architecture's conversion), for the tests that compare it with the portable twin.
 #[cfg(feature = "bench")]

@@ -412,6 +412,39 @@ impl RopeParams {
     }
 }
 
+/// Parameters of the `bench_touch_rows` benchmark kernel: `rows` rows of `row_chunks` 16-byte
+/// chunks, `pitch` bytes apart, from `src` to `dst` (the same offsets in both): a strided
+/// view's own copy, such as MLA's q_pe (128 bytes of every 384 of q).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TouchRows {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) pitch: u64,
+    pub(crate) chunks: u64,
+    pub(crate) row_chunks: FastDiv,
+}
+
+impl TouchRows {
+    /// `rows` rows of `row_bytes` (a nonzero multiple of 16 below 2^32) `pitch` bytes apart;
+    /// `None` unless both addresses and the pitch are multiples of 16.
+    pub fn new(src: u64, dst: u64, row_bytes: u64, pitch: u64, rows: u64) -> Option<TouchRows> {
+        let ok = (src | dst | pitch | row_bytes) & 15 == 0 && row_bytes > 0 && row_bytes < 1 << 32;
+        ok.then(|| TouchRows {
+            src,
+            dst,
+            pitch,
+            chunks: rows * (row_bytes / 16),
+            row_chunks: FastDiv::new((row_bytes / 16) as u32),
+        })
+    }
+
+    /// Number of 16-byte chunks (one thread each).
+    pub fn chunks(&self) -> u64 {
+        self.chunks
+    }
+}
+
 /// Parameters of the `bench_touch` benchmark kernel: `chunks` 16-byte chunks from `src` to `dst`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
