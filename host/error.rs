@@ -196,6 +196,11 @@ pub enum Error {
     /// message).
     #[error("qk norm: {0}")]
     Norm(&'static str),
+    /// De-interleaved pairs ([`MlaAppend::deinterleaved`](crate::MlaAppend::deinterleaved))
+    /// asked of a launch that cannot write them (see the message): GPT-J pairs only, no norm or
+    /// MRoPE, views that take 8- or 16-byte accesses, and in place a head of q at most 32 lanes.
+    #[error("de-interleaved pairs: {0}")]
+    Deinterleave(&'static str),
     /// A device address is not aligned to what is read there (its element size; 16 bytes for
     /// the benchmarks' copy): start the view on an element boundary.
     #[error("{what}: device address {address:#x} is not aligned to {align} bytes")]

@@ -373,6 +373,8 @@ pub(crate) struct KvSpec {
     pub max_position: usize,
     pub tables: TableSource,
     pub mrope: Option<Mrope>,
+    /// GPT-J pairs written back de-interleaved (MLA's option, [`crate::MlaAppend::deinterleaved`]).
+    pub deinterleave: bool,
 }
 
 impl KvSpec {
@@ -386,6 +388,7 @@ impl KvSpec {
             max_position: config.max_position,
             tables: config.source(),
             mrope: config.mrope,
+            deinterleave: false,
         }
     }
 }
@@ -693,6 +696,22 @@ pub(crate) fn plan_kv(
         (width, claim) = (KvWidth::Prefill, true);
     }
     let (rot_lanes, cw, k_lanes) = lanes_of(width);
+    if spec.deinterleave {
+        // Each lane writes one access of each half; in place, a head's lanes meet inside one
+        // warp between their loads and their stores.
+        let why = match () {
+            _ if spec.style != RopeStyle::GptJ => Some("GPT-J (interleaved) pairs only"),
+            _ if norm.is_some() || spec.mrope.is_some() => Some("no QK-norm or MRoPE with them"),
+            _ if width == KvWidth::Scalar => Some("the views must take 8- or 16-byte accesses"),
+            _ if args.q.is_some() && q_fp8.is_none() && lane_slots(rot_lanes as u64) > 32 => {
+                Some("q in place with a head above 32 lanes")
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(Error::Deinterleave(why));
+        }
+    }
     let g = match width {
         KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, size),
         _ => 1,
@@ -755,6 +774,7 @@ pub(crate) fn plan_kv(
         mrope: spec.mrope.is_some(),
         norm: norm.is_some(),
         whole,
+        deinterleave: spec.deinterleave,
     };
     if key.entry_point().is_none() {
         // Only the caches' types can be without a kernel: the inputs' are the configuration's.
@@ -1036,7 +1056,15 @@ impl Rope {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub unsafe fn append_kv_raw(&self, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
-        let spec = KvSpec::of(&self.config);
+        // SAFETY: the caller's contract.
+        unsafe { self.append_kv_spec(KvSpec::of(&self.config), args, stream) }
+    }
+
+    /// [`Rope::append_kv_raw`] with `spec` (the configuration's, and MLA's pair order).
+    ///
+    /// # Safety
+    /// As [`Rope::append_kv_raw`].
+    pub(crate) unsafe fn append_kv_spec(&self, spec: KvSpec, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
         let Some(plan) = plan_kv(&spec, args, self.table.view(), self.core.records.sink())? else { return Ok(()) };
         self.core.prepare(&plan.buffers(args), self.config.checked)?;
         let checked = self.config.checked.then_some(self.config.max_position);
@@ -1446,8 +1474,14 @@ mod tests {
                                 mrope,
                                 norm: false,
                                 whole: false,
+                                deinterleave: false,
                             };
                             assert!(key.entry_point().is_some(), "{key:?}");
+                            // De-interleaved GPT-J pairs: the 8- and 16-byte widths, one
+                            // position row, the library's sources, no norm.
+                            let d = KvKey { deinterleave: true, ..key };
+                            let has = style == RopeStyle::GptJ && width != KvWidth::Scalar && !mrope;
+                            assert_eq!(d.entry_point().is_some(), has, "{d:?}");
                             // QK-norm: the 8- and 16-byte widths, every type.
                             let normed = KvKey { norm: true, ..key };
                             let has = width != KvWidth::Scalar;
@@ -1495,6 +1529,7 @@ mod tests {
                     mrope: false,
                     norm: false,
                     whole: false,
+                    deinterleave: false,
                 };
                 assert!(key.entry_point().is_some(), "{key:?}");
             }

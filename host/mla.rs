@@ -13,12 +13,14 @@
 use cust::sys as cuda;
 
 use crate::error::{Error, Result};
-use crate::kv::{validate_append, RawKvArgs, RawKvCache, RawScales, NEED_SCALES};
+use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache, RawScales, NEED_SCALES};
+use crate::launch::detached_source;
 use crate::layout::Layout;
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
 use crate::RopeConfig;
+use rope_cuda_kernels::views::ErrorSink;
 
 /// An MLA latent cache: rows of `kv_lora_rank + rope_dim` elements, `[kv_c | k_pe]`, written
 /// by [`Rope::append_mla`]. Its layout is `[blocks, block_size, 1, kv_lora_rank + rope_dim]`
@@ -125,6 +127,7 @@ pub struct MlaAppend<'r, 'a> {
     cache: &'r mut MlaCache<'a>,
     positions: Positions<'a>,
     slots: Option<(u64, usize, Hold<'a>)>,
+    deinterleaved: bool,
 }
 
 impl<'r, 'a> MlaAppend<'r, 'a> {
@@ -136,7 +139,7 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
         cache: &'r mut MlaCache<'a>,
         positions: Positions<'a>,
     ) -> Self {
-        MlaAppend { q_pe: None, kv_c, k_pe, cache, positions, slots: None }
+        MlaAppend { q_pe: None, kv_c, k_pe, cache, positions, slots: None, deinterleaved: false }
     }
 
     /// Also rotates the queries' rotary parts `q_pe` (`[batch, seq, heads, rope_dim]`, any
@@ -153,6 +156,18 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
         self
     }
 
+    /// Writes each rotated pair de-interleaved, in q_pe and in the cache's k_pe: pair `i`
+    /// (read at `2i`, `2i + 1`) at `i` and `rope_dim / 2 + i`, as transformers' DeepSeek-V3
+    /// and Kimi K2 code (`apply_rotary_pos_emb_interleave`) writes it, for engines that compare
+    /// their q and cache with transformers'. Without it the pairs stay where they were read
+    /// (vLLM's order); q and k permuted alike give the same attention scores either way.
+    /// The views must take 8- or 16-byte accesses, and a head of q_pe at most 32 lanes
+    /// ([`Error::Deinterleave`] otherwise).
+    pub fn deinterleaved(mut self) -> Self {
+        self.deinterleaved = true;
+        self
+    }
+
     /// The append as device addresses, for [`Rope::append_mla_raw`] and [`validate_mla`].
     pub fn raw(&self) -> RawMlaArgs {
         RawMlaArgs {
@@ -162,6 +177,7 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
             cache: self.cache.raw(),
             positions: self.positions.raw(),
             slots: self.slots.as_ref().map(|&(ptr, len, _)| (ptr, len)),
+            deinterleaved: self.deinterleaved,
         }
     }
 
@@ -194,6 +210,8 @@ pub struct RawMlaArgs {
     pub positions: RawPositions,
     /// Paged caches: device address and length of the i64 slot mapping, one per token.
     pub slots: Option<(u64, usize)>,
+    /// The rotated pairs written de-interleaved ([`MlaAppend::deinterleaved`]).
+    pub deinterleaved: bool,
 }
 
 impl RawMlaArgs {
@@ -267,6 +285,7 @@ impl RawMlaArgs {
 ///     cache: RawMlaCache { rows: t(4, Layout::bshd(4096, 64, 1, 576)), kv_lora_rank: 512, paged: true, scale: None },
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 64 },
 ///     slots: Some((6 << 30, 64)),
+///     deinterleaved: false,
 /// };
 /// assert_eq!(validate_mla(&config, &args), Ok(()));
 /// // A latent row of 512 + 32 does not hold this RoPE's 64 dims.
@@ -274,7 +293,10 @@ impl RawMlaArgs {
 /// assert!(matches!(validate_mla(&config, &RawMlaArgs { cache: narrow, ..args }), Err(Error::Shape { .. })));
 /// ```
 pub fn validate_mla(config: &RopeConfig, args: &RawMlaArgs) -> Result<()> {
-    validate_append(config, &args.kv_args()?).map_err(mla_names)
+    config.validate()?;
+    let table = detached_source(config.rotary_dim, config.source());
+    let spec = KvSpec { deinterleave: args.deinterleaved, ..KvSpec::of(config) };
+    plan_kv(&spec, &args.kv_args()?, table, ErrorSink::default()).map(|_| ()).map_err(mla_names)
 }
 
 /// An error of the KV append, its operands named as the MLA append's caller knows them.
@@ -353,8 +375,9 @@ impl Rope {
     /// As [`Rope::append_kv_raw`], for every address of the append.
     pub unsafe fn append_mla_raw(&self, args: &RawMlaArgs, stream: cuda::CUstream) -> Result<()> {
         let kv = args.kv_args()?;
+        let spec = KvSpec { deinterleave: args.deinterleaved, ..KvSpec::of(self.config()) };
         // SAFETY: the caller's contract, for the same buffers seen as a KV append.
-        unsafe { self.append_kv_raw(&kv, stream) }.map_err(mla_names)
+        unsafe { self.append_kv_spec(spec, &kv, stream) }.map_err(mla_names)
     }
 }
 
@@ -362,12 +385,10 @@ impl Rope {
 mod tests {
     use super::*;
     use crate::config::{DType, RopeStyle};
-    use crate::kv::{plan_kv, KvSpec};
-    use crate::launch::detached_source;
     use crate::tensor::PositionKind;
     use rope_cuda_kernels::entries::Key;
     use rope_cuda_kernels::keys::KvWidth;
-    use rope_cuda_kernels::views::{CacheKind, ErrorSink};
+    use rope_cuda_kernels::views::CacheKind;
 
     const BASE: u64 = 1 << 32;
 
@@ -394,13 +415,15 @@ mod tests {
             },
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 4 * BASE, len: t },
             slots: Some((5 * BASE, t)),
+            deinterleaved: false,
         }
     }
 
     fn plan(a: &RawMlaArgs) -> crate::kv::KvPlan {
         let c = config();
         let source = detached_source(c.rotary_dim, c.source());
-        plan_kv(&KvSpec::of(&c), &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap()
+        let spec = KvSpec { deinterleave: a.deinterleaved, ..KvSpec::of(&c) };
+        plan_kv(&spec, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap()
     }
 
     fn err(a: &RawMlaArgs) -> Error {
@@ -438,6 +461,13 @@ mod tests {
         a.cache = RawMlaCache { rows: tensor(3, Layout::bshd(1, 1024, 1, 576)), paged: false, ..a.cache };
         a.slots = None;
         assert_eq!(plan(&a).params.cache.kind(), CacheKind::Contiguous);
+        // De-interleaved pairs: their own kernels, at each width.
+        for t in [64, 1000, 16384] {
+            let p = plan(&RawMlaArgs { deinterleaved: true, ..args(t) });
+            assert!(p.key.deinterleave && p.key.entry_point().is_some(), "{t}: {:?}", p.key);
+            let plain = plan(&args(t));
+            assert_ne!(p.key.entry_point(), plain.key.entry_point());
+        }
     }
 
     /// Each bad input has its error, the operands named as MLA names them.
@@ -496,5 +526,22 @@ mod tests {
         assert!(matches!(err(&b), Error::SlotMapping(_)));
         let b = RawMlaArgs { cache: RawMlaCache { paged: false, ..a.cache }, ..a };
         assert!(matches!(err(&b), Error::SlotMapping(_)));
+        // De-interleaved pairs need vector lanes: a kv_c of 36 bf16 takes element by element.
+        let mut b = RawMlaArgs { deinterleaved: true, ..a };
+        b.cache.rows.layout = Layout::bshd(4096, 64, 1, 100);
+        (b.cache.kv_lora_rank, b.kv_c.layout) = (36, Layout::bshd(1, 64, 1, 36));
+        assert!(matches!(err(&b), Error::Deinterleave(m) if m.contains("8- or 16-byte")));
+        assert_eq!(validate_mla(&config(), &RawMlaArgs { deinterleaved: false, ..b }), Ok(()));
+        // A head of q_pe past 32 lanes, in place (rope_dim 512 in f32 at 8 bytes a lane).
+        let big = RopeConfig::new(512, 4096).dtype(DType::F32).style(RopeStyle::GptJ);
+        let f32_of = |t: RawTensor| RawTensor { dtype: DType::F32, ..t };
+        let mut b = RawMlaArgs { deinterleaved: true, ..a };
+        b.q_pe = Some(f32_of(tensor(1, Layout::bshd(1, 64, 2, 512))));
+        (b.kv_c, b.k_pe) =
+            (f32_of(tensor(2, Layout::bshd(1, 64, 1, 512))), f32_of(tensor(6, Layout::bshd(1, 64, 1, 512))));
+        b.cache.rows = f32_of(tensor(3, Layout::bshd(64, 64, 1, 1024)));
+        let e = validate_mla(&big, &b);
+        assert!(matches!(e, Err(Error::Deinterleave(m)) if m.contains("32 lanes")), "{e:?}");
+        assert_eq!(validate_mla(&big, &RawMlaArgs { deinterleaved: false, ..b }), Ok(()));
     }
 }

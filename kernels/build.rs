@@ -23,6 +23,13 @@ const fn v(name: &'static str, key: &'static str, ty: &'static str) -> Value {
 
 /// Pairing: rotate-half (NeoX) or interleaved pairs (GPT-J).
 const STYLES: [Value; 2] = [v("neox", "RopeStyle::NeoX", "NeoX"), v("gptj", "RopeStyle::GptJ", "GptJ")];
+/// The KV appends' interleaved pairs written back de-interleaved (`gptjd`: pair `i`'s two
+/// values at `i` and `rotary_dim / 2 + i`, as transformers' DeepSeek-V3 code writes them): the
+/// widths of [`DEINTERLEAVED_WIDTHS`], one position row, the library's sources, every type.
+const DEINTERLEAVED: Value = v("gptjd", "RopeStyle::GptJ", "Deinterleaved");
+/// The widths that write de-interleaved: 8 and 16 bytes (a lane's pairs fill one access of
+/// each half).
+const DEINTERLEAVED_WIDTHS: [usize; 3] = [1, 2, 3];
 /// Element types of the operands, one value per combination the kernels take: the name's
 /// part, the inputs' type (q, k, v; q rotated in place keeps it) and the outputs' type
 /// (RoPE's q and k outputs, the caches), each as `DType`'s variant.
@@ -217,6 +224,7 @@ fn kv_row(
     (width, rows, source): (&Value, &Value, Source<'_>),
     (norm, whole): (bool, bool),
 ) {
+    let deinterleave = style.ty == DEINTERLEAVED.ty;
     let n = match (norm, whole) {
         (true, true) => "_w",
         (true, false) => "_n",
@@ -225,13 +233,13 @@ fn kv_row(
     let name = format!("kv_{}_{}_{}{}{}{n}", style.name, types.0, width.name, rows.name, source.0);
     let access = io(width.ty, style.ty, types.1, types.2, true);
     let g = match width.ty {
-        "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty == "GptJ", size(elem(types.1))),
+        "v" => format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", style.ty != "NeoX", size(elem(types.1))),
         _ => "1".into(),
     };
     let scan = matches!(width.ty, "s" | "d");
     writeln!(
         out,
-        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {}, norm: {norm}, whole: {whole} }} [{}, {access}, {}, {}, {g}, {scan}, {norm}, {whole}];",
+        "        {name} {{ style: {}, types: {}, width: {}, tables: {}, mrope: {}, norm: {norm}, whole: {whole}, deinterleave: {deinterleave} }} [{}, {access}, {}, {}, {g}, {scan}, {norm}, {whole}];",
         style.key, kv_types(types), width.key, source.1, rows.key, style.ty, source.2, rows.ty
     )
     .unwrap();
@@ -250,6 +258,14 @@ fn kv_rows(out: &mut String) {
                             let source = (source.name, source.key, source.ty);
                             kv_row(out, style, types, (&KV_WIDTHS[w], rows, source), (true, whole));
                         }
+                    }
+                }
+            }
+            if style.ty == "GptJ" {
+                for &w in &DEINTERLEAVED_WIDTHS {
+                    for source in &SOURCES {
+                        let source = (source.name, source.key, source.ty);
+                        kv_row(out, &DEINTERLEAVED, types, (&KV_WIDTHS[w], &ROWS[0], source), (false, false));
                     }
                 }
             }
@@ -325,6 +341,8 @@ fn main() {
     writeln!(list, "    /// KV widths with the caller's tables (GPT-J, one position row).\n    pub const CALLER_WIDTHS: &[&str] = &[{}];", caller.join(", ")).unwrap();
     let norm: Vec<String> = ROPE_NORM_WIDTHS.iter().map(|&w| format!("{:?}", ROPE_WIDTHS[w].name)).collect();
     writeln!(list, "    /// RoPE widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const ROPE_NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
+    let d: Vec<String> = DEINTERLEAVED_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
+    writeln!(list, "    /// KV widths that write GPT-J pairs de-interleaved (`kv_gptjd_`: one position row, the library's sources).\n    pub const DEINTERLEAVED_WIDTHS: &[&str] = &[{}];", d.join(", ")).unwrap();
     let norm: Vec<String> = NORM_WIDTHS.iter().map(|&w| format!("{:?}", KV_WIDTHS[w].name)).collect();
     writeln!(list, "    /// KV widths with QK-norm (`_n`; the library's sources, both position rows).\n    pub const NORM_WIDTHS: &[&str] = &[{}];", norm.join(", ")).unwrap();
     let whole: Vec<String> = ROPE_WHOLE_WIDTHS.iter().map(|&w| format!("{:?}", ROPE_WIDTHS[w].name)).collect();

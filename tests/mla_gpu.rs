@@ -45,6 +45,8 @@ struct Case {
     fused: bool,
     /// Through `append_mla_raw`.
     raw: bool,
+    /// The rotated pairs written de-interleaved (`MlaAppend::deinterleaved`).
+    deint: bool,
 }
 
 /// One call's inputs, drawn from a seed.
@@ -113,10 +115,12 @@ impl<T: TestElem> Step<T> {
         }
     }
 
-    /// k_pe of token `t` rotated at its position, exactly.
+    /// A head (k_pe, or a head of q_pe) of token `t` rotated at its position, exactly, each
+    /// value where the append writes it (de-interleaved: pair `i` at `i` and `rope / 2 + i`).
     fn rotated(&self, c: &Case, t: usize, x: &[T]) -> Vec<f64> {
         let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        rope_row(&x, self.draw.positions[t] as f64, BASE, c.rope, RopeStyle::GptJ, Direction::Forward)
+        let y = rope_row(&x, self.draw.positions[t] as f64, BASE, c.rope, RopeStyle::GptJ, Direction::Forward);
+        placed(c.deint, &y)
     }
 
     /// Runs the append into a cache of `C` holding `cache0` (with `scale` for FP8) and returns
@@ -158,6 +162,7 @@ impl<T: TestElem> Step<T> {
                         len: c.tokens(),
                     },
                     slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
+                    deinterleaved: c.deint,
                 };
                 // SAFETY: every address is a live buffer of this context, alive until the sync.
                 unsafe { rope.append_mla_raw(&args, g.stream.as_inner()) }.unwrap();
@@ -170,6 +175,9 @@ impl<T: TestElem> Step<T> {
                 }
                 if c.heads > 0 {
                     a = a.q_pe(&mut q);
+                }
+                if c.deint {
+                    a = a.deinterleaved();
                 }
                 rope.append_mla(a, &g.stream).unwrap();
             }
@@ -193,6 +201,15 @@ impl<T: TestElem> Step<T> {
             }
         }
         check_close::<T>(q, &want, &exact, &format!("{what}: q"));
+    }
+}
+
+/// `y` (interleaved pairs) as the append writes it: as it is, or de-interleaved.
+fn placed(deint: bool, y: &[f64]) -> Vec<f64> {
+    let half = y.len() / 2;
+    match deint {
+        true => (0..y.len()).map(|i| if i < half { y[2 * i] } else { y[2 * (i - half) + 1] }).collect(),
+        false => y.to_vec(),
     }
 }
 
@@ -271,6 +288,7 @@ fn base() -> Case {
         source: CosSin::Table,
         fused: true,
         raw: false,
+        deint: false,
     }
 }
 
@@ -287,6 +305,11 @@ fn cases() -> Vec<Case> {
         // Smaller ranks and rotary parts; one that takes element-by-element lanes (36).
         Case { rank: 256, rope: 32, nope: 16, heads: 5, seq: 7, source: CosSin::Computed, ..b },
         Case { rank: 36, rope: 16, nope: 0, heads: 3, batch: 2, seq: 40, raw: true, ..b },
+        // De-interleaved pairs (transformers' order): decode, claimed, wide, contiguous.
+        Case { deint: true, ..b },
+        Case { deint: true, batch: 2, seq: 150, source: CosSin::Computed, raw: true, ..b },
+        Case { deint: true, batch: 1, seq: 8200, heads: 4, blocks: (1024, 16), ..b },
+        Case { deint: true, rank: 256, rope: 32, nope: 16, heads: 5, seq: 7, paged: false, blocks: (6, 64), ..b },
     ]
 }
 
@@ -454,22 +477,28 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
         let (pe, nope, rank) = (geo.qk_rope_head_dim, geo.qk_nope_head_dim, geo.kv_lora_rank);
         let (qd, w) = (geo.q_head_dim(), geo.latent_width());
         let positions: Vec<i32> = golden.positions.iter().map(|p| p[0] as i32).collect();
-        // The library writes pair `i` at `2i, 2i + 1`; transformers' de-interleaved output
-        // has it at `i` and `pe / 2 + i`.
-        let at = |j: usize| match deinterleaved {
-            true if j < pe / 2 => 2 * j,
-            true => 2 * (j - pe / 2) + 1,
-            false => j,
+        // Where the append writes transformers' output element `j`: its pair `i` and which of
+        // the two (`c`) as transformers wrote them (de-interleaved: at `i` and `pe / 2 + i`),
+        // placed as the append was asked (`ask`: the same order, else at `2i + c`).
+        let at = |j: usize, ask: bool| {
+            let (i, c) = match deinterleaved {
+                true => (j % (pe / 2), j / (pe / 2)),
+                false => (j / 2, j % 2),
+            };
+            match ask {
+                true => c * (pe / 2) + i,
+                false => 2 * i + c,
+            }
         };
         // Each layer's call: q's rotary parts, then k_pe.
         assert!(!golden.records.is_empty() && golden.records.len() % 2 == 0, "{name}: records");
-        for pair in golden.records.chunks(2) {
+        for (pair, ask) in golden.records.chunks(2).flat_map(|p| [(p, false), (p, true)]) {
             let (q_rec, k_rec) = (&pair[0], &pair[1]);
             let layer = q_rec.layer.unwrap_or_else(|| panic!("{name}: a call outside a layer"));
             assert_eq!(k_rec.layer, Some(layer), "{name}: q and k_pe of one call");
             let heads = q_rec.heads;
             assert_eq!((heads, q_rec.dim, k_rec.heads, k_rec.dim), (geo.num_heads, pe, 1, pe), "{name} layer {layer}");
-            let what = format!("{name} layer {layer}");
+            let what = format!("{name} layer {layer}, de-interleaved {ask}");
             // q: [seq, heads, nope + pe], seeded nope dims; kv_a: [seq, rank + pe], seeded kv_c.
             let mut q = uniform_vec(seed, layer as u64, seq * heads * qd);
             let mut kv_a = uniform_vec(seed, 100 + layer as u64, seq * w);
@@ -493,7 +522,7 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
                 let mut cache = MlaCache::paged(&mut dc, cache_layout, rank);
                 let a =
                     MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut qv);
-                rope.append_mla(a, &g.stream).unwrap();
+                rope.append_mla(if ask { a.deinterleaved() } else { a }, &g.stream).unwrap();
             }
             rope.check_errors(&g.stream).unwrap();
             let (q_out, cache): (Vec<f32>, Vec<f32>) = (download_t(&dq), download_t(&dc));
@@ -507,7 +536,7 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
                     let r = (t * heads + h) * pe;
                     let base = (t * heads + h) * qd;
                     for j in 0..pe {
-                        let got = q_out[base + nope + at(j)];
+                        let got = q_out[base + nope + at(j, ask)];
                         close(
                             got,
                             q_rec.output[r + j],
@@ -520,7 +549,7 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
                 let row = slots[t] as usize * w;
                 assert_eq!(cache[row..row + rank], kv_a[t * w..t * w + rank], "{what}: kv_c of token {t}");
                 for j in 0..pe {
-                    let got = cache[row + rank + at(j)];
+                    let got = cache[row + rank + at(j, ask)];
                     close(
                         got,
                         k_rec.output[t * pe + j],

@@ -4,8 +4,8 @@
 use std::sync::LazyLock;
 
 use rope_cuda_kernels::entries::axes::{
-    CALLER_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WHOLE_WIDTHS, ROPE_WIDTHS, ROWS, SOURCES,
-    STYLES, TYPES, WHOLE_WIDTHS,
+    CALLER_WIDTHS, DEINTERLEAVED_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WHOLE_WIDTHS,
+    ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES, WHOLE_WIDTHS,
 };
 use rope_cuda_kernels::entries::EntryPoint;
 use rope_cuda_kernels::tuning::KV_STREAMING;
@@ -71,10 +71,14 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
     // Every KV width with each row kind and source, into caches of the inputs' type and into
     // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
-    // claim; the FP8 caches' read into each element type; and the QK-norm's (`_n`, `_w`) at
-    // their widths, with each row kind, source and operand type.
+    // claim; the FP8 caches' read into each element type; the QK-norm's (`_n`, `_w`) at
+    // their widths, with each row kind, source and operand type; and the de-interleaved GPT-J
+    // pairs' (`kv_gptjd_`) at theirs, one row kind, each source and operand type.
     let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
+    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * DEINTERLEAVED_WIDTHS.len();
+    assert_eq!(named("kv_gptjd_").len(), deinterleaved);
     let kv = per_width * KV_WIDTHS.len()
+        + deinterleaved
         + fp8_per_width * KV_WIDTHS.len()
         + (per_width + fp8_per_width) * (NORM_WIDTHS.len() + WHOLE_WIDTHS.len())
         + TYPES.len() * CALLER_WIDTHS.len()
@@ -84,7 +88,11 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     assert_eq!(named("kv_").len(), kv);
     // FP8 caches: every width.
     let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
-    assert_eq!(named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(), fp8_per_width * fp8_widths);
+    let fp8_deinterleaved = FP8_TYPES.len() * SOURCES.len() * DEINTERLEAVED_WIDTHS.len();
+    assert_eq!(
+        named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(),
+        fp8_per_width * fp8_widths + fp8_deinterleaved
+    );
     assert_eq!(
         named("kv_").into_iter().filter(|n| n.ends_with("_n")).count(),
         (per_width + fp8_per_width) * NORM_WIDTHS.len()
@@ -93,8 +101,8 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
         named("kv_").into_iter().filter(|n| n.ends_with("_w")).count(),
         (per_width + fp8_per_width) * WHOLE_WIDTHS.len()
     );
-    // And the four benchmark kernels (the tests build with the feature `bench-kernels`).
-    assert_eq!(named("").len(), rope + kv + 4);
+    // And the five benchmark kernels (the tests build with the feature `bench-kernels`).
+    assert_eq!(named("").len(), rope + kv + 5);
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).

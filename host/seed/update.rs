@@ -283,6 +283,7 @@ impl KvUpdate {
             max_position: s,
             tables: TableSource::Caller,
             mrope: None,
+            deinterleave: false,
         };
         let table = SourceView::Caller(CallerView::new(cos.0, sin.0));
         let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;

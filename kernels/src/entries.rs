@@ -24,7 +24,7 @@ use crate::{
     kv::{claim, kv_append, read},
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,
-    rotate::{Computed, ElemTable, F32Table, GptJ, LibTable, NeoX, OneRow, StreamRows},
+    rotate::{Computed, Deinterleaved, ElemTable, F32Table, GptJ, LibTable, NeoX, OneRow, StreamRows},
 };
 
 /// A kernel key: the parameters its entry points take, and the entry point of each key.

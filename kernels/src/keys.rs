@@ -176,6 +176,10 @@ pub struct KvKey {
     /// With `norm`: the statistic over a token's whole q projection and whole k projection
     /// (`_w` rather than `_n`, OLMo 2's; widths `_d` and `_p`).
     pub whole: bool,
+    /// GPT-J pairs written back de-interleaved (`kv_gptjd_…`): pair `i`'s two values at `i`
+    /// and `rotary_dim / 2 + i` of q and of the key cache (transformers' DeepSeek-V3 order;
+    /// widths `_d`, `_p` and `_v`, one position row, the library's sources, no norm).
+    pub deinterleave: bool,
 }
 
 /// `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back, dequantized into the output's type

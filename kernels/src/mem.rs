@@ -146,3 +146,21 @@ pub unsafe fn sync_threads() {
         core::arch::nvptx::_syncthreads()
     }
 }
+
+/// Waits until every lane of `mask` of this thread's warp reaches this call, and orders the
+/// memory accesses those lanes made before it before the ones they make after it
+/// (`bar.warp.sync`).
+///
+/// # Safety
+/// `mask` holds this lane, and every lane of `mask` reaches this call with the same `mask`
+/// (none has exited or branches around it).
+#[inline(always)]
+pub unsafe fn sync_warp(mask: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::arch::asm!("bar.warp.sync {};", in(reg32) mask, options(nostack, preserves_flags));
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    let _ = mask;
+}

@@ -13,7 +13,7 @@ use crate::math::{
     angle_index, div_by, mul_pair, rotate_pair, rotate_pair_fast, rotate_pair_rounded, sincos_turns_pair, turns_at,
     ANGLE_STEPS,
 };
-use crate::mem::sync_threads;
+use crate::mem::{sync_threads, sync_warp};
 use crate::norm::NormLane;
 use crate::params::{row_stride, SharedLayout};
 use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
@@ -781,7 +781,10 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     p: Table<'_>,
     n: usize,
     (raw, out): (&[Bits; 2], &mut [Bits; 2]),
-    pair: impl Fn(usize) -> ((usize, usize), (usize, usize)),
+    (pair, out_at): (
+        impl Fn(usize) -> ((usize, usize), (usize, usize)),
+        impl Fn(usize) -> ((usize, usize), (usize, usize)),
+    ),
     reload: impl Fn() -> [Bits; 2],
     ((fmt, scale), (norm, r)): ((Fp8, Scale), (Option<&NormLane>, f32)),
 ) {
@@ -798,6 +801,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             NormLane::get_of(norm, j, 0, R::get(&raw[l0], i0), r),
             NormLane::get_of(norm, j, 1, R::get(&raw[l1], i1), r),
         );
+        let ((l0, i0), (l1, i1)) = out_at(j);
         let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
             true => rotate_pair_rounded(a, b, (c[j], 0.0), (s[j], 0.0)),
             false => rotate_pair_fast(a, b, c[j], s[j]),
@@ -840,6 +844,7 @@ unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
                 NormLane::exact_of(norm, j, 0, R::get(&orig[l0], i0), r),
                 NormLane::exact_of(norm, j, 1, R::get(&orig[l1], i1), r),
             );
+            let ((l0, i0), (l1, i1)) = out_at(j);
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
             let (c, s) = unsafe { t.exact::<B>(p, j) };
             let (y0, y1) = match W::FP8 {
@@ -1097,6 +1102,14 @@ pub(crate) struct NeoX;
 /// vectors (`E` pairs, as a NeoX lane), or one `Two` access (one pair) element by element.
 pub(crate) struct GptJ;
 
+/// Interleaved pairs written back de-interleaved: pair `i` read at `(x[2i], x[2i + 1])` as
+/// [`GptJ`]'s lanes read it, its two values written at `i` and `half + i` (transformers'
+/// `apply_rotary_pos_emb_interleave`, DeepSeek-V3's order): a lane of `E` pairs reads two
+/// vectors and writes one vector of each half, as a [`NeoX`] lane. In place, a lane writes
+/// where other lanes of its head read: the head's lanes (one warp's, aligned) wait for each
+/// other between their loads and their stores. Vector lanes only (8 or 16 bytes).
+pub(crate) struct Deinterleaved;
+
 /// Elements of an interleaved lane for accesses of `R` ([`crate::params::gptj_lane`]: two
 /// vectors where `R` is one; H200, bf16 16x4096 in place: 93.7% of copy from the table against
 /// 91.5% with one vector, 94.6% against 87.3% computed).
@@ -1175,7 +1188,7 @@ impl Style for NeoX {
                     p,
                     R::E,
                     (&cur, &mut y),
-                    |j| ((0, j), (1, j)),
+                    (|j| ((0, j), (1, j)), |j| ((0, j), (1, j))),
                     reload,
                     (q, (norm, NormLane::r_of_head(norm, h))),
                 )
@@ -1270,7 +1283,7 @@ impl Style for GptJ {
                     p,
                     width / 2,
                     (&cur, &mut y),
-                    pair,
+                    (pair, pair),
                     reload,
                     (q, (norm, NormLane::r_of_head(norm, h))),
                 )
@@ -1281,6 +1294,98 @@ impl Style for GptJ {
                 if width > R::E {
                     W::store_raw(rows.dst(h, at + R::E * W::SIZE), y[1]);
                 }
+            }
+            cur = next;
+        }
+    }
+}
+
+impl Style for Deinterleaved {
+    #[inline(always)]
+    fn lane_pairs<R: Io>() -> usize {
+        GptJ::lane_pairs::<R>()
+    }
+
+    #[inline(always)]
+    fn pair_at<R: Io>(j: usize) -> ((usize, usize), (usize, usize)) {
+        GptJ::pair_at::<R>(j)
+    }
+
+    #[inline(always)]
+    fn pair_dims<R: Io>(lane: usize, half: usize, j: usize) -> (usize, usize) {
+        GptJ::pair_dims::<R>(lane, half, j)
+    }
+
+    #[inline(always)]
+    unsafe fn load<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) -> [Bits; 2] {
+        // SAFETY: the trait's contract.
+        unsafe { GptJ::load::<R>(rows, h, lane, half) }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch<R: Io>(rows: &Rows, h: usize, lane: usize, half: usize) {
+        // SAFETY: the trait's contract.
+        unsafe { GptJ::prefetch::<R>(rows, h, lane, half) }
+    }
+
+    #[inline(always)]
+    unsafe fn entries<R: Io, B: Source, P: PairRows>(lane: usize, rows: P, p: Table<'_>) -> Entries<P> {
+        // SAFETY: the trait's contract.
+        unsafe { GptJ::entries::<R, B, P>(lane, rows, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn apply<R: Io, W: Io, B: Source, P: PairRows>(
+        rows: Rows,
+        first: [Bits; 2],
+        lane: usize,
+        t: &Entries<P>,
+        p: Table<'_>,
+        quant: Quant,
+        norm: Option<&NormLane>,
+    ) {
+        const { assert!(R::E == W::E && R::VECTOR && gptj_width::<R>() == 2 * R::E) };
+        let half = p.pairs.half() as usize;
+        // The lane's `E` pairs: the first vector of each half of the output.
+        let i = lane * R::E;
+        let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
+        // In place: the head's lanes, `half / E` of them from its first (inside one warp, at a
+        // multiple of their slots: the host's mapping), meet before the stores.
+        let in_place = core::ptr::eq(rows.src, rows.dst as *const u8);
+        let lanes = (half / R::E) as u32;
+        let at = thread_idx().0 % 32 - lane as u32;
+        let mask = if lanes >= 32 { u32::MAX } else { ((1u32 << lanes) - 1) << at };
+        let mut cur = first;
+        for h in 0..rows.count {
+            // SAFETY: the trait's contract, for heads `h` and `h + 1 < count`.
+            let next = if h + 1 < rows.count { unsafe { Self::load::<R>(&rows, h + 1, lane, half) } } else { cur };
+            let mut y = [[0u32; 4]; 2];
+            // SAFETY: as above; in place, no lane of the head has stored yet (they meet below).
+            let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
+            // SAFETY: as above.
+            let q = unsafe { quant.of::<W>(h) };
+            // SAFETY: as above.
+            unsafe {
+                rotate_lane::<R, W, B, P>(
+                    t,
+                    p,
+                    R::E,
+                    (&cur, &mut y),
+                    (GptJ::pair_at::<R>, |j| ((0, j), (1, j))),
+                    reload,
+                    (q, (norm, NormLane::r_of_head(norm, h))),
+                )
+            };
+            if in_place {
+                // SAFETY: the host launches this style in place only with a head's lanes
+                // inside one warp, all rotating, each reaching this point for every head (one
+                // token's, none returns between).
+                unsafe { sync_warp(mask) };
+            }
+            // SAFETY: as above.
+            unsafe {
+                W::store_raw(rows.dst(h, lo), y[0]);
+                W::store_raw(rows.dst(h, hi), y[1]);
             }
             cur = next;
         }
