@@ -189,9 +189,12 @@ fn computed_kernels_use_no_fp64() {
         .collect::<Vec<_>>();
     let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
     let rope_widths = ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + ROPE_WHOLE_WIDTHS.len();
+    // And the de-interleaved KV kernels' (one row kind, every operand type).
+    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * DEINTERLEAVED_WIDTHS.len();
     assert_eq!(
         computed.len(),
-        STYLES.len() * ROWS.len() * (TYPES.len() * (rope_widths + kv_widths) + FP8_TYPES.len() * kv_widths),
+        STYLES.len() * ROWS.len() * (TYPES.len() * (rope_widths + kv_widths) + FP8_TYPES.len() * kv_widths)
+            + deinterleaved,
         "every RoPE and KV kernel of the library has a computed twin"
     );
     for (arch, ptx) in ALL.iter() {
