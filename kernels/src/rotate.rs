@@ -1168,38 +1168,70 @@ impl Style for NeoX {
         norm: Option<&NormLane>,
     ) {
         const { assert!(R::E == W::E) };
-        let half = p.pairs.half() as usize;
-        let i = lane * R::E;
-        let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
-        let mut cur = first;
-        for h in 0..rows.count {
-            // SAFETY: the trait's contract, for heads `h` and
-            // `h + 1 < count`; head `h` is reloaded only before its store.
-            let next = if h + 1 < rows.count { unsafe { Self::load::<R>(&rows, h + 1, lane, half) } } else { cur };
-            let mut y = [[0u32; 4]; 2];
-            // SAFETY: as above.
-            let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
-            // SAFETY: as above.
-            let q = unsafe { quant.of::<W>(h) };
-            // SAFETY: as above.
-            unsafe {
-                rotate_lane::<R, W, B, P>(
-                    t,
-                    p,
-                    R::E,
-                    (&cur, &mut y),
-                    (|j| ((0, j), (1, j)), |j| ((0, j), (1, j))),
-                    reload,
-                    (q, (norm, NormLane::r_of_head(norm, h))),
-                )
-            };
-            // SAFETY: as above.
-            unsafe {
-                W::store_raw(rows.dst(h, lo), y[0]);
-                W::store_raw(rows.dst(h, hi), y[1]);
-            }
-            cur = next;
+        // SAFETY: the trait's contract.
+        unsafe { apply_halves::<Self, R, W, B, P, false>(rows, first, lane, t, p, quant, norm) }
+    }
+}
+
+/// The rotation of [`NeoX`]'s lanes and of [`Deinterleaved`]'s (`S`, whose lanes read their
+/// pairs where `S::pair_at` says): each lane's `E` pairs written as one access in each half of
+/// the head, `i` and `half + i`. With `MEET`, in place, the head's lanes (`half / E` of them
+/// from its first, inside one warp at a multiple of their slots: the host's mapping) meet
+/// between their loads and their stores, since a lane writes where another reads.
+///
+/// # Safety
+/// [`Style::apply`]'s contract; with `MEET`, in place, every lane of the head reaches the
+/// stores of every head (none returns between).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn apply_halves<S: Style, R: Io, W: Io, B: Source, P: PairRows, const MEET: bool>(
+    rows: Rows,
+    first: [Bits; 2],
+    lane: usize,
+    t: &Entries<P>,
+    p: Table<'_>,
+    quant: Quant,
+    norm: Option<&NormLane>,
+) {
+    let half = p.pairs.half() as usize;
+    let i = lane * R::E;
+    let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
+    let meet = MEET && core::ptr::eq(rows.src, rows.dst as *const u8);
+    let lanes = (half / R::E) as u32;
+    let at = thread_idx().0 % 32 - lane as u32;
+    let mask = if lanes >= 32 { u32::MAX } else { ((1u32 << lanes) - 1) << at };
+    let mut cur = first;
+    for h in 0..rows.count {
+        // SAFETY: the trait's contract, for heads `h` and `h + 1 < count`; head `h` is
+        // reloaded only before its store (in place with `MEET`, before any lane's store).
+        let next = if h + 1 < rows.count { unsafe { S::load::<R>(&rows, h + 1, lane, half) } } else { cur };
+        let mut y = [[0u32; 4]; 2];
+        // SAFETY: as above.
+        let reload = || unsafe { S::load::<R>(&rows, h, lane, half) };
+        // SAFETY: as above.
+        let q = unsafe { quant.of::<W>(h) };
+        // SAFETY: as above.
+        unsafe {
+            rotate_lane::<R, W, B, P>(
+                t,
+                p,
+                R::E,
+                (&cur, &mut y),
+                (S::pair_at::<R>, |j| ((0, j), (1, j))),
+                reload,
+                (q, (norm, NormLane::r_of_head(norm, h))),
+            )
+        };
+        if meet {
+            // SAFETY: the caller's contract: every lane of `mask` is here, for this head.
+            unsafe { sync_warp(mask) };
         }
+        // SAFETY: as above.
+        unsafe {
+            W::store_raw(rows.dst(h, lo), y[0]);
+            W::store_raw(rows.dst(h, hi), y[1]);
+        }
+        cur = next;
     }
 }
 
@@ -1345,49 +1377,9 @@ impl Style for Deinterleaved {
         norm: Option<&NormLane>,
     ) {
         const { assert!(R::E == W::E && R::VECTOR && gptj_width::<R>() == 2 * R::E) };
-        let half = p.pairs.half() as usize;
-        // The lane's `E` pairs: the first vector of each half of the output.
-        let i = lane * R::E;
-        let (lo, hi) = (i * W::SIZE, (i + half) * W::SIZE);
-        // In place: the head's lanes, `half / E` of them from its first (inside one warp, at a
-        // multiple of their slots: the host's mapping), meet before the stores.
-        let in_place = core::ptr::eq(rows.src, rows.dst as *const u8);
-        let lanes = (half / R::E) as u32;
-        let at = thread_idx().0 % 32 - lane as u32;
-        let mask = if lanes >= 32 { u32::MAX } else { ((1u32 << lanes) - 1) << at };
-        let mut cur = first;
-        for h in 0..rows.count {
-            // SAFETY: the trait's contract, for heads `h` and `h + 1 < count`.
-            let next = if h + 1 < rows.count { unsafe { Self::load::<R>(&rows, h + 1, lane, half) } } else { cur };
-            let mut y = [[0u32; 4]; 2];
-            // SAFETY: as above; in place, no lane of the head has stored yet (they meet below).
-            let reload = || unsafe { Self::load::<R>(&rows, h, lane, half) };
-            // SAFETY: as above.
-            let q = unsafe { quant.of::<W>(h) };
-            // SAFETY: as above.
-            unsafe {
-                rotate_lane::<R, W, B, P>(
-                    t,
-                    p,
-                    R::E,
-                    (&cur, &mut y),
-                    (GptJ::pair_at::<R>, |j| ((0, j), (1, j))),
-                    reload,
-                    (q, (norm, NormLane::r_of_head(norm, h))),
-                )
-            };
-            if in_place {
-                // SAFETY: the host launches this style in place only with a head's lanes
-                // inside one warp, all rotating, each reaching this point for every head (one
-                // token's, none returns between).
-                unsafe { sync_warp(mask) };
-            }
-            // SAFETY: as above.
-            unsafe {
-                W::store_raw(rows.dst(h, lo), y[0]);
-                W::store_raw(rows.dst(h, hi), y[1]);
-            }
-            cur = next;
-        }
+        // SAFETY: the trait's contract; the host launches this style in place only with a
+        // head's lanes inside one warp, all rotating, each reaching the stores for every head
+        // (one token's, none returns between).
+        unsafe { apply_halves::<Self, R, W, B, P, true>(rows, first, lane, t, p, quant, norm) }
     }
 }
