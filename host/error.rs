@@ -190,15 +190,16 @@ pub enum Error {
         /// The `eps` given.
         eps: f32,
     },
-    /// A QK-norm that does not fit its kind or the launch: weights missing for a weighted
-    /// kind or given to [`NormKind::RmsUnit`](crate::NormKind::RmsUnit), views whose
-    /// heads the normed kernels cannot take, or a whole projection past one block (see the
-    /// message).
+    /// A QK-norm (or MLA's kv_c norm, [`MlaAppend::kv_c_norm`](crate::MlaAppend::kv_c_norm))
+    /// that does not fit its kind or the launch: weights missing for a weighted kind or given
+    /// to [`NormKind::RmsUnit`](crate::NormKind::RmsUnit), views whose heads the normed
+    /// kernels cannot take, or a whole projection past one block (see the message).
     #[error("qk norm: {0}")]
     Norm(&'static str),
     /// De-interleaved pairs ([`MlaAppend::deinterleaved`](crate::MlaAppend::deinterleaved))
-    /// asked of a launch that cannot write them (see the message): GPT-J pairs only, no norm or
-    /// MRoPE, views that take 8- or 16-byte accesses, and in place a head of q at most 32 lanes.
+    /// asked of a launch that cannot write them (see the message): GPT-J pairs only, no QK-norm
+    /// (kv_c's norm is taken) or MRoPE, views that take 8- or 16-byte accesses, and in place a
+    /// head of q at most 32 lanes.
     #[error("de-interleaved pairs: {0}")]
     Deinterleave(&'static str),
     /// A device address is not aligned to what is read there (its element size; 16 bytes for

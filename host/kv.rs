@@ -15,7 +15,10 @@ use crate::launch::{
     heads_view, lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
 };
 use crate::layout::Layout;
-use crate::norm::{norm_view, whole_kv_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
+use crate::norm::{
+    norm_view, value_norm_view, whole_kv_layout, whole_v_layout, QkNorm, RawMlaNorm, RawNorm, RawWeight,
+    WHOLE_TOO_LARGE,
+};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -375,6 +378,9 @@ pub(crate) struct KvSpec {
     pub mrope: Option<Mrope>,
     /// GPT-J pairs written back de-interleaved (MLA's option, [`crate::MlaAppend::deinterleaved`]).
     pub deinterleave: bool,
+    /// The RMS norm of the values' one head (MLA's `kv_c`, [`crate::MlaAppend::kv_c_norm`]);
+    /// not with a QK-norm.
+    pub v_norm: Option<RawMlaNorm>,
 }
 
 impl KvSpec {
@@ -389,6 +395,7 @@ impl KvSpec {
             tables: config.source(),
             mrope: config.mrope,
             deinterleave: false,
+            v_norm: None,
         }
     }
 }
@@ -405,7 +412,7 @@ pub(crate) struct KvPlan {
 
 impl KvPlan {
     /// The buffers the launch touches, for the device check.
-    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 13] {
+    pub fn buffers(&self, args: &RawKvArgs) -> [(&'static str, u64); 14] {
         let scales = args.cache.scales;
         [
             ("q", args.q.map_or(0, |t| t.ptr)),
@@ -421,6 +428,7 @@ impl KvPlan {
             ("slots", self.params.cache.mapping()),
             ("q norm weight", self.params.norm.weights[0]),
             ("k norm weight", self.params.norm.weights[1]),
+            ("kv_c norm weight", self.params.norm.weights[2]),
         ]
     }
 
@@ -547,13 +555,21 @@ pub(crate) fn plan_kv(
     }
     check_view("k", &args.k)?;
     check_view("v", &args.v)?;
-    let norm = match &args.norm {
-        Some(_) if spec.tables == TableSource::Caller => {
+    let norm = match (&args.norm, &spec.v_norm) {
+        (Some(_), _) | (_, Some(_)) if spec.tables == TableSource::Caller => {
             return Err(Error::Norm("the reference update (the caller's tables) takes no norm"));
         }
-        Some(n) => Some(norm_view(n, hd, [args.q.map(|q| q.layout.shape[2]), Some(ks[2])], spec.dtype)?),
-        None => None,
+        (Some(_), Some(_)) => return Err(Error::Norm("a QK-norm and the values' norm are not taken together")),
+        (Some(n), None) => Some(norm_view(n, hd, [args.q.map(|q| q.layout.shape[2]), Some(ks[2])], spec.dtype)?),
+        (None, Some(n)) => {
+            check_axis("v", "heads (one, normalized: MLA's kv_c)", 1, kv_heads)?;
+            Some(value_norm_view(n, v_hd, spec.dtype)?)
+        }
+        (None, None) => None,
     };
+    // Only the values normalized (MLA's kv_c): q's and k's lanes and kernels as without a norm
+    // but for the `_w` kernels' geometry.
+    let v_only = spec.v_norm.is_some();
 
     let cache = &args.cache;
     let cl = cache_layout(cache, true)?;
@@ -605,6 +621,7 @@ pub(crate) fn plan_kv(
         ("q scale", q_fp8.map(|o| scale_tensor(o.scale)), false),
         ("q norm weight", args.norm.and_then(|n| n.q_weight).map(RawWeight::tensor), false),
         ("k norm weight", args.norm.and_then(|n| n.k_weight).map(RawWeight::tensor), false),
+        ("kv_c norm weight", spec.v_norm.map(|n| n.weight.tensor()), false),
     ];
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
@@ -674,10 +691,11 @@ pub(crate) fn plan_kv(
         if !vector {
             return Err(Error::Norm("the views must take 8- or 16-byte accesses (aligned addresses and strides)"));
         }
-        if width == KvWidth::Decode && lane_slots(lanes_of(KvWidth::Decode).2 as u64) > 32 {
+        // (The values' norm alone sums a head of v over several warps: no bound here.)
+        if !v_only && width == KvWidth::Decode && lane_slots(lanes_of(KvWidth::Decode).2 as u64) > 32 {
             (width, claim) = (KvWidth::Prefill, true);
         }
-        if lane_slots(lanes_of(width).2 as u64) > 32 {
+        if !v_only && lane_slots(lanes_of(width).2 as u64) > 32 {
             return Err(Error::Norm(
                 "a head takes more than 32 lanes of 16 bytes (head_dim above 512 in f16/bf16, 256 in f32)",
             ));
@@ -690,7 +708,10 @@ pub(crate) fn plan_kv(
     let layout_of = |width| {
         let (_, cw, k_lanes) = lanes_of(width);
         let counts = [k_lanes, k_lanes, v_hd / cw].map(|l| l as u64);
-        whole_kv_layout(q_heads as u64, kv_heads as u64, counts)
+        match v_only {
+            true => whole_v_layout(q_heads as u64, kv_heads as u64, counts),
+            false => whole_kv_layout(q_heads as u64, kv_heads as u64, counts),
+        }
     };
     if whole && (width == KvWidth::Vector || (width == KvWidth::Decode && layout_of(width).is_none())) {
         (width, claim) = (KvWidth::Prefill, true);
@@ -701,7 +722,7 @@ pub(crate) fn plan_kv(
         // warp between their loads and their stores.
         let why = match () {
             _ if spec.style != RopeStyle::GptJ => Some("GPT-J (interleaved) pairs only"),
-            _ if norm.is_some() || spec.mrope.is_some() => Some("no QK-norm or MRoPE with them"),
+            _ if (norm.is_some() && !v_only) || spec.mrope.is_some() => Some("no QK-norm or MRoPE with them"),
             _ if width == KvWidth::Scalar => Some("the views must take 8- or 16-byte accesses"),
             _ if args.q.is_some() && q_fp8.is_none() && lane_slots(rot_lanes as u64) > 32 => {
                 Some("q in place with a head above 32 lanes")
@@ -727,7 +748,13 @@ pub(crate) fn plan_kv(
                 kv_segments(groups(q_heads as u32, g) as u64, groups(kv_heads as u32, g) as u64, lane_counts);
             (k, v, work, BLOCK_THREADS)
         }
-        true => layout_of(width).ok_or(Error::Norm(WHOLE_TOO_LARGE))?,
+        true => layout_of(width).ok_or(Error::Norm(match v_only {
+            true => {
+                "the values' norm takes a value head in one block of at most 512 threads, one per 16 bytes: \
+                     up to 8 KiB (kv_lora_rank 4096 in f16/bf16)"
+            }
+            false => WHOLE_TOO_LARGE,
+        }))?,
     };
     let Some((geometry, chunk)) = block_geometry(tokens as u32, work, block)? else { return Ok(None) };
 

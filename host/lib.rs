@@ -131,7 +131,7 @@ pub use kv::{
 };
 pub use layout::Layout;
 pub use mla::{validate_mla, MlaAppend, MlaCache, RawMlaArgs, RawMlaCache};
-pub use norm::{NormKind, QkNorm, RawNorm, RawWeight};
+pub use norm::{NormKind, QkNorm, RawMlaNorm, RawNorm, RawWeight};
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
 pub use rope::{validate, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;

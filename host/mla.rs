@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache, RawScales, NEED_SCALES};
 use crate::launch::detached_source;
 use crate::layout::Layout;
+use crate::norm::{RawMlaNorm, RawWeight};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -100,7 +101,8 @@ pub struct RawMlaCache {
 /// (`[batch, seq, 1, kv_lora_rank]`, copied into the cache bit for bit, or into FP8), the new
 /// positional keys `k_pe` (`[batch, seq, 1, rope_dim]`, rotated into the cache; not
 /// modified), the cache and the positions; then optionally the queries' rotary parts
-/// ([`MlaAppend::q_pe`]) and a paged cache's slot mapping ([`MlaAppend::slots`]).
+/// ([`MlaAppend::q_pe`]), a paged cache's slot mapping ([`MlaAppend::slots`]), the pairs'
+/// order ([`MlaAppend::deinterleaved`]) and kv_c's norm ([`MlaAppend::kv_c_norm`]).
 ///
 /// ```no_run
 /// # use rope_cuda::{Layout, MlaAppend, MlaCache, Positions, Rope, Tensor, TensorMut};
@@ -128,6 +130,7 @@ pub struct MlaAppend<'r, 'a> {
     positions: Positions<'a>,
     slots: Option<(u64, usize, Hold<'a>)>,
     deinterleaved: bool,
+    kv_c_norm: Option<(RawMlaNorm, Hold<'a>)>,
 }
 
 impl<'r, 'a> MlaAppend<'r, 'a> {
@@ -139,7 +142,7 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
         cache: &'r mut MlaCache<'a>,
         positions: Positions<'a>,
     ) -> Self {
-        MlaAppend { q_pe: None, kv_c, k_pe, cache, positions, slots: None, deinterleaved: false }
+        MlaAppend { q_pe: None, kv_c, k_pe, cache, positions, slots: None, deinterleaved: false, kv_c_norm: None }
     }
 
     /// Also rotates the queries' rotary parts `q_pe` (`[batch, seq, heads, rope_dim]`, any
@@ -168,6 +171,20 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
         self
     }
 
+    /// `kv_c` normalized in the same launch (the model's `kv_a_layernorm`, which transformers
+    /// applies to the latent before it is cached): each token's `x_i · r · w_i`, `r = 1 /
+    /// sqrt(mean(x²) + eps)` over its `kv_lora_rank` elements, with `weight`
+    /// (`[kv_lora_rank]`, f32, f16 or bf16) and `eps` (the norm class's default in
+    /// transformers' DeepSeek and Kimi models: 1e-6). The statistic is summed in f32 and the
+    /// product `x · r · w` rounded once, to the cache's type (FP8: its quotient by the scale),
+    /// where transformers rounds `x · r` to the input's type before the weight: the two agree
+    /// within one unit in the last place of the input's type. `kv_c` itself is not modified.
+    pub fn kv_c_norm<E: Element>(mut self, weight: impl Operand<'a, Elem = E>, eps: f32) -> Self {
+        let (ptr, len, hold) = weight.lend();
+        self.kv_c_norm = Some((RawMlaNorm { weight: RawWeight { ptr, len, dtype: E::DTYPE }, eps }, hold));
+        self
+    }
+
     /// The append as device addresses, for [`Rope::append_mla_raw`] and [`validate_mla`].
     pub fn raw(&self) -> RawMlaArgs {
         RawMlaArgs {
@@ -178,11 +195,12 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
             positions: self.positions.raw(),
             slots: self.slots.as_ref().map(|&(ptr, len, _)| (ptr, len)),
             deinterleaved: self.deinterleaved,
+            kv_c_norm: self.kv_c_norm.as_ref().map(|&(n, _)| n),
         }
     }
 
     /// Each buffer's name and hold.
-    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 7] {
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 8] {
         [
             ("q_pe", self.q_pe.as_ref().map(|q| &q.hold)),
             ("kv_c", Some(&self.kv_c.hold)),
@@ -191,6 +209,7 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
             ("cache scale", self.cache.scale.as_ref().map(|(_, _, hold)| hold)),
             ("positions", Some(&self.positions.hold)),
             ("slots", self.slots.as_ref().map(|(_, _, hold)| hold)),
+            ("kv_c norm weight", self.kv_c_norm.as_ref().map(|(_, hold)| hold)),
         ]
     }
 }
@@ -212,6 +231,8 @@ pub struct RawMlaArgs {
     pub slots: Option<(u64, usize)>,
     /// The rotated pairs written de-interleaved ([`MlaAppend::deinterleaved`]).
     pub deinterleaved: bool,
+    /// `kv_c`'s RMS norm in the same launch ([`MlaAppend::kv_c_norm`]); `None`: copied as it is.
+    pub kv_c_norm: Option<RawMlaNorm>,
 }
 
 impl RawMlaArgs {
@@ -286,6 +307,7 @@ impl RawMlaArgs {
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 64 },
 ///     slots: Some((6 << 30, 64)),
 ///     deinterleaved: false,
+///     kv_c_norm: None,
 /// };
 /// assert_eq!(validate_mla(&config, &args), Ok(()));
 /// // A latent row of 512 + 32 does not hold this RoPE's 64 dims.
@@ -295,7 +317,7 @@ impl RawMlaArgs {
 pub fn validate_mla(config: &RopeConfig, args: &RawMlaArgs) -> Result<()> {
     config.validate()?;
     let table = detached_source(config.rotary_dim, config.source());
-    let spec = KvSpec { deinterleave: args.deinterleaved, ..KvSpec::of(config) };
+    let spec = KvSpec { deinterleave: args.deinterleaved, v_norm: args.kv_c_norm, ..KvSpec::of(config) };
     plan_kv(&spec, &args.kv_args()?, table, ErrorSink::default()).map(|_| ()).map_err(mla_names)
 }
 
@@ -336,7 +358,8 @@ impl Rope {
     /// paged ones from the slot mapping (`-1`: padding, skipped); a position outside the
     /// table or a slot outside the cache is skipped and recorded ([`Rope::check_errors`]);
     /// when several tokens name one slot, the last one's row is written; nothing else in the
-    /// cache changes. `kv_c` is copied bit for bit into a cache of its own type.
+    /// cache changes. `kv_c` is copied bit for bit into a cache of its own type, or normalized
+    /// in the same launch ([`MlaAppend::kv_c_norm`]).
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
@@ -375,7 +398,7 @@ impl Rope {
     /// As [`Rope::append_kv_raw`], for every address of the append.
     pub unsafe fn append_mla_raw(&self, args: &RawMlaArgs, stream: cuda::CUstream) -> Result<()> {
         let kv = args.kv_args()?;
-        let spec = KvSpec { deinterleave: args.deinterleaved, ..KvSpec::of(self.config()) };
+        let spec = KvSpec { deinterleave: args.deinterleaved, v_norm: args.kv_c_norm, ..KvSpec::of(self.config()) };
         // SAFETY: the caller's contract, for the same buffers seen as a KV append.
         unsafe { self.append_kv_spec(spec, &kv, stream) }.map_err(mla_names)
     }
@@ -416,13 +439,14 @@ mod tests {
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 4 * BASE, len: t },
             slots: Some((5 * BASE, t)),
             deinterleaved: false,
+            kv_c_norm: None,
         }
     }
 
     fn plan(a: &RawMlaArgs) -> crate::kv::KvPlan {
         let c = config();
         let source = detached_source(c.rotary_dim, c.source());
-        let spec = KvSpec { deinterleave: a.deinterleaved, ..KvSpec::of(&c) };
+        let spec = KvSpec { deinterleave: a.deinterleaved, v_norm: a.kv_c_norm, ..KvSpec::of(&c) };
         plan_kv(&spec, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap()
     }
 
@@ -468,6 +492,57 @@ mod tests {
             let plain = plan(&args(t));
             assert_ne!(p.key.entry_point(), plain.key.entry_point());
         }
+    }
+
+    /// kv_c's norm: the whole-projection kernels, v's one head normalized alone, its lanes
+    /// (past a warp) inside one block of every token, in both pair orders, decode to prefill.
+    #[test]
+    fn plans_kv_c_norm_with_its_head_in_one_block() {
+        use rope_cuda_kernels::norm::V;
+        for dtype in [DType::BF16, DType::F32] {
+            for t in [64, 1000, 16384] {
+                for deinterleaved in [false, true] {
+                    let mut a = args(t);
+                    for x in [&mut a.kv_c, &mut a.k_pe, &mut a.cache.rows] {
+                        x.dtype = dtype;
+                    }
+                    a.q_pe = a.q_pe.map(|q| RawTensor { dtype, ..q });
+                    let weight = RawWeight { ptr: 7 * BASE, len: 512, dtype: DType::BF16 };
+                    a = RawMlaArgs { deinterleaved, kv_c_norm: Some(RawMlaNorm { weight, eps: 1e-6 }), ..a };
+                    let c = config().dtype(dtype);
+                    let source = detached_source(c.rotary_dim, c.source());
+                    let spec = KvSpec { deinterleave: deinterleaved, v_norm: a.kv_c_norm, ..KvSpec::of(&c) };
+                    let what = format!("{dtype:?} {t} {deinterleaved}");
+                    let p = plan_kv(&spec, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap();
+                    assert!(p.key.norm && p.key.whole && p.key.entry_point().is_some(), "{what}: {:?}", p.key);
+                    assert_eq!(p.key.deinterleave, deinterleaved, "{what}");
+                    assert_eq!((p.params.norm.projections, p.params.norm.weights[2]), (V, 7 * BASE), "{what}");
+                    assert_eq!(p.params.norm.inv_dim[2], 1.0 / 512.0, "{what}");
+                    let (items, block) = (p.params.items_div.divisor as u64, p.geometry.block.0 as u64);
+                    let (v_start, v_slots) = (p.params.starts[1] as u64, p.params.lanes_div[2].divisor as u64);
+                    assert!(items % block == 0 || block % items == 0, "{what}: {items} items, block {block}");
+                    assert!(v_start % 32 == 0 && v_slots >= p.params.v_lanes as u64, "{what}");
+                    for token in 0..4 {
+                        let first = token * items + v_start;
+                        assert_eq!(first / block, (first + v_slots - 1) / block, "{what}: token {token}'s kv_c");
+                    }
+                }
+            }
+        }
+        // Lanes element by element (kv_c of 36 bf16): refused.
+        let mut a = args(64);
+        a.cache.rows.layout = Layout::bshd(4096, 64, 1, 100);
+        (a.cache.kv_lora_rank, a.kv_c.layout) = (36, Layout::bshd(1, 64, 1, 36));
+        let weight = RawWeight { ptr: 7 * BASE, len: 36, dtype: DType::BF16 };
+        a.kv_c_norm = Some(RawMlaNorm { weight, eps: 1e-6 });
+        assert!(matches!(err(&a), Error::Norm(m) if m.contains("8- or 16-byte")));
+        // Weights over kv_c's input: read only, accepted; over the cache: refused.
+        let mut a = args(64);
+        let weight = RawWeight { ptr: 2 * BASE, len: 512, dtype: DType::BF16 };
+        a.kv_c_norm = Some(RawMlaNorm { weight, eps: 1e-6 });
+        assert_eq!(validate_mla(&config(), &a), Ok(()));
+        a.kv_c_norm = Some(RawMlaNorm { weight: RawWeight { ptr: 3 * BASE, ..weight }, eps: 1e-6 });
+        assert!(matches!(err(&a), Error::Aliasing { .. }));
     }
 
     /// Each bad input has its error, the operands named as MLA names them.

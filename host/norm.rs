@@ -202,16 +202,68 @@ pub(crate) fn norm_view(norm: &RawNorm, head_dim: usize, heads: [Option<usize>; 
     }
     let head_step = if whole { (head_dim * w_type.size()) as u32 } else { 0 };
     Ok(NormView {
-        weights: [q.map_or(0, |w| w.ptr), k.map_or(0, |w| w.ptr)],
+        weights: [q.map_or(0, |w| w.ptr), k.map_or(0, |w| w.ptr), 0],
         w_type,
         offset: if norm.kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 },
         eps: norm.eps,
         // The mean's divisors' reciprocals, each rounded once to f32.
-        inv_dim: dims.map(|n| (1.0 / n as f64) as f32),
+        inv_dim: [inv(dims[0]), inv(dims[1]), 0.0],
         // Vector loads where both weights are of the inputs' type and 16-byte aligned (each
         // head's, for a whole projection).
         vector: ([q, k].iter().flatten().all(|w| w.dtype == inputs && w.ptr % 16 == 0) && head_step % 16 == 0) as u32,
         head_step,
+        projections: rope_cuda_kernels::norm::QK,
+    })
+}
+
+/// `1 / n` rounded once to f32.
+fn inv(n: usize) -> f32 {
+    (1.0 / n as f64) as f32
+}
+
+/// The RMS norm of MLA's latent `kv_c` (its `kv_a_layernorm`) as device addresses
+/// ([`RawMlaArgs::kv_c_norm`](crate::RawMlaArgs::kv_c_norm)): `x_i · r · w_i`, `r = 1 /
+/// sqrt(mean(x²) + eps)` over the `kv_lora_rank` elements, the statistic in f32 and the
+/// product rounded once, at the store.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawMlaNorm {
+    /// The weights, `[kv_lora_rank]` (f32, f16 or bf16).
+    pub weight: RawWeight,
+    /// Added to the mean of the squares (finite and positive; transformers' DeepSeek and Kimi
+    /// models take the norm class's default, 1e-6, not `rms_norm_eps`).
+    pub eps: f32,
+}
+
+/// Checks the values' norm for a head of `head_dim` elements of type `inputs` and makes its
+/// view: the whole-projection kernels' (`_w`), the statistic over the value head's lanes,
+/// which may span several warps; q and k are not normalized.
+pub(crate) fn value_norm_view(norm: &RawMlaNorm, head_dim: usize, inputs: DType) -> Result<NormView> {
+    const WHAT: &str = "kv_c norm weight";
+    let w = norm.weight;
+    if !(norm.eps.is_finite() && norm.eps > 0.0) {
+        return Err(Error::NormEps { eps: norm.eps });
+    }
+    if !matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(Error::DType { what: WHAT, expected: inputs, got: w.dtype });
+    }
+    if w.len != head_dim {
+        return Err(Error::Length { what: WHAT, shape: vec![head_dim], expected: head_dim, got: w.len });
+    }
+    let align = w.dtype.size() as u64;
+    if w.ptr % align != 0 {
+        return Err(Error::Alignment { what: WHAT, address: w.ptr, align: align as usize });
+    }
+    let step = (head_dim * w.dtype.size()) as u32;
+    Ok(NormView {
+        weights: [0, 0, w.ptr],
+        w_type: w.dtype,
+        offset: 0.0,
+        eps: norm.eps,
+        inv_dim: [0.0, 0.0, inv(head_dim)],
+        vector: (w.dtype == inputs && w.ptr % 16 == 0) as u32,
+        // One head: its weights at 0 whatever the step, which marks the view whole.
+        head_step: step,
+        projections: rope_cuda_kernels::norm::V,
     })
 }
 
@@ -258,6 +310,18 @@ pub(crate) fn whole_kv_layout(q_heads: u64, kv_heads: u64, lanes: [u64; 3]) -> O
     let items = move |k: u64| warp_align(v_at(k) + kv_heads * sv, widest);
     let (k_start, items, block) = whole_blocks(q_heads * sq, kv_heads * sk, k_start, items)?;
     Some((k_start, v_at(k_start), items, block))
+}
+
+/// The KV mapping of the values' norm alone (MLA's `kv_c`, one value head): [`kv_segments`]'s
+/// groups, v's segment (`kv_heads` groups of `lanes[2]`) moved to the next block's start where
+/// it would straddle one ([`whole_blocks`], q's and k's segments wherever they fall):
+/// `(k_start, v_start, items, block)`.
+pub(crate) fn whole_v_layout(q_heads: u64, kv_heads: u64, lanes: [u64; 3]) -> Option<(u64, u64, u64, u32)> {
+    let widest = lanes.map(lane_slots).into_iter().max().unwrap_or(1);
+    let (k_start, v_start, _) = kv_segments(q_heads, kv_heads, lanes);
+    let v_len = kv_heads * lane_slots(lanes[2]);
+    let (v_start, items, block) = whole_blocks(0, v_len, v_start, |v| warp_align(v + v_len, widest))?;
+    Some((k_start, v_start, items, block))
 }
 
 /// RoPE's mapping of a whole-projection norm, one head a thread, `slots` items a head:
@@ -359,7 +423,7 @@ mod tests {
         };
         let view = norm_view(&norm, 64, [Some(4), Some(2)], DType::BF16).unwrap();
         assert_eq!(view.head_step, 128);
-        assert_eq!(view.inv_dim, [1.0 / 256.0, 1.0 / 128.0]);
+        assert_eq!(view.inv_dim, [1.0 / 256.0, 1.0 / 128.0, 0.0]);
         assert_eq!(view.vector, 1);
         assert!(view.whole());
         // k's weights unchecked without k; a per-head norm's step 0.
@@ -371,6 +435,6 @@ mod tests {
         ));
         let per_head = RawNorm { kind: NormKind::Rms, q_weight: w(1 << 20, 64), k_weight: w(1 << 21, 64), ..norm };
         let view = norm_view(&per_head, 64, [Some(4), Some(2)], DType::BF16).unwrap();
-        assert_eq!((view.head_step, view.inv_dim), (0, [1.0 / 64.0; 2]));
+        assert_eq!((view.head_step, view.inv_dim), (0, [1.0 / 64.0, 1.0 / 64.0, 0.0]));
     }
 }

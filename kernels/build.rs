@@ -28,7 +28,7 @@ const STYLES: [Value; 2] = [v("neox", "RopeStyle::NeoX", "NeoX"), v("gptj", "Rop
 /// widths of [`DEINTERLEAVED_WIDTHS`], one position row, the library's sources, every type.
 const DEINTERLEAVED: Value = v("gptjd", "RopeStyle::GptJ", "Deinterleaved");
 /// The widths that write de-interleaved: 8 and 16 bytes (a lane's pairs fill one access of
-/// each half).
+/// each half); with a whole-projection norm (MLA's `kv_c` normalized), [`WHOLE_WIDTHS`].
 const DEINTERLEAVED_WIDTHS: [usize; 3] = [1, 2, 3];
 /// Element types of the operands, one value per combination the kernels take: the name's
 /// part, the inputs' type (q, k, v; q rotated in place keeps it) and the outputs' type
@@ -262,10 +262,14 @@ fn kv_rows(out: &mut String) {
                 }
             }
             if style.ty == "GptJ" {
-                for &w in &DEINTERLEAVED_WIDTHS {
+                // De-interleaved (MLA's option), with the whole-projection kernels that
+                // normalize its kv_c.
+                let widths =
+                    DEINTERLEAVED_WIDTHS.map(|w| (w, false)).into_iter().chain(WHOLE_WIDTHS.map(|w| (w, true)));
+                for (w, whole) in widths {
                     for source in &SOURCES {
                         let source = (source.name, source.key, source.ty);
-                        kv_row(out, &DEINTERLEAVED, types, (&KV_WIDTHS[w], &ROWS[0], source), (false, false));
+                        kv_row(out, &DEINTERLEAVED, types, (&KV_WIDTHS[w], &ROWS[0], source), (whole, whole));
                     }
                 }
             }

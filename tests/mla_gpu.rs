@@ -6,22 +6,36 @@
 //! other dims stay as they were; every other byte of the cache and of q unchanged. Input types
 //! × cache types (their own, E4M3, E5M2) × paged and contiguous caches (rows padded or not) ×
 //! decode, claimed and wide calls × both sources of cos and sin × kv_c and k_pe as views of one
-//! projection or buffers of their own × the typed and raw doors; then a recorded graph, and
-//! misuse refused with nothing written.
+//! projection or buffers of their own × the typed and raw doors × kv_c copied or normalized in
+//! the launch (`MlaAppend::kv_c_norm`: within one ulp of the f64 norm's correctly rounded
+//! value, f32 within 2e-6; FP8: the code of a value within 1e-6 of it); then a recorded
+//! graph, and misuse refused with nothing written.
 
 mod common;
 
 use common::{check_close, code, download_t, gpu, noise, row_at, test_seed, upload_t, Code, Draw, Gpu, TestElem};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 use half::{bf16, f16};
+use rope_cuda::reference::rms_norm_row;
 use rope_cuda::reference::{rope_row, uniform_vec};
 use rope_cuda::{
-    CosSin, Direction, Element, Error, Graph, Layout, MlaAppend, MlaCache, PositionKind, Positions, RawMlaArgs,
-    RawPositions, RawTensor, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3, F8E5M2,
+    CosSin, DType, Direction, Element, Error, Graph, Layout, MlaAppend, MlaCache, PositionKind, Positions, RawMlaArgs,
+    RawMlaNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3, F8E5M2,
 };
 
 const MAX_POS: usize = 4096;
 const BASE: f64 = 10_000.0;
+/// kv_c's norm's `eps` (transformers' default for DeepSeek's `kv_a_layernorm`).
+const EPS: f32 = 1e-6;
+
+/// kv_c's norm in a case: none, weights of the inputs' type, or f32 weights (the norm's
+/// element-by-element weight loads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Norm {
+    None,
+    Own,
+    F32,
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Case {
@@ -47,6 +61,8 @@ struct Case {
     raw: bool,
     /// The rotated pairs written de-interleaved (`MlaAppend::deinterleaved`).
     deint: bool,
+    /// kv_c normalized in the launch (`MlaAppend::kv_c_norm`).
+    norm: Norm,
 }
 
 /// One call's inputs, drawn from a seed.
@@ -56,6 +72,8 @@ struct Step<T> {
     /// kv_c and k_pe: one `[tokens, rank + rope]` buffer when fused, else `kv_c` then `k_pe`.
     kv_c: Vec<T>,
     k_pe: Vec<T>,
+    /// kv_c's norm's weights (`rank`, in (-0.5, 1.5)), as their type holds them.
+    weight: Vec<f64>,
     draw: Draw,
     cache: Layout,
 }
@@ -101,7 +119,12 @@ impl Case {
             false => (conv(uniform_vec(seed, 2, tokens * self.rank)), conv(uniform_vec(seed, 3, tokens * self.rope))),
         };
         let draw = Draw::new(seed, (self.batch, self.seq), self.paged, self.blocks, MAX_POS);
-        Step { q, kv_c, k_pe, draw, cache: self.cache_layout() }
+        let weight = uniform_vec(seed, 4, self.rank).into_iter().map(|w| 0.5 + w);
+        let weight = match self.norm {
+            Norm::Own => weight.map(|w| T::from_f32(w).to_f64()).collect(),
+            _ => weight.map(f64::from).collect(),
+        };
+        Step { q, kv_c, k_pe, weight, draw, cache: self.cache_layout() }
     }
 }
 
@@ -123,6 +146,13 @@ impl<T: TestElem> Step<T> {
         placed(c.deint, &y)
     }
 
+    /// Token `t`'s latent as the append writes it, exactly: kv_c, or kv_c normalized (`None`
+    /// where kv_c is copied bit for bit).
+    fn latent(&self, c: &Case, t: usize) -> Option<Vec<f64>> {
+        let x: Vec<f64> = self.token(c, t).0.iter().map(|v| v.to_f64()).collect();
+        (c.norm != Norm::None).then(|| rms_norm_row(&x, Some(&self.weight), 0.0, EPS as f64))
+    }
+
     /// Runs the append into a cache of `C` holding `cache0` (with `scale` for FP8) and returns
     /// the cache and q afterwards.
     fn run<C: Element + DeviceCopy + Default + Clone>(
@@ -139,6 +169,15 @@ impl<T: TestElem> Step<T> {
         let dslots = self.draw.slots.as_ref().map(|s| upload_t(s));
         let mut dc = upload_t(cache0);
         let dscale = upload_t(&[scale.unwrap_or(1.0)]);
+        // kv_c's norm's weights in their type: the inputs' or f32.
+        let own: Vec<T> = self.weight.iter().map(|&w| T::from_f32(w as f32)).collect();
+        let w32: Vec<f32> = self.weight.iter().map(|&w| w as f32).collect();
+        let (dw, dw32) = (upload_t(&own), upload_t(&w32));
+        let weight = match c.norm {
+            Norm::None => None,
+            Norm::Own => Some(RawWeight { ptr: dw.as_device_ptr().as_raw(), len: c.rank, dtype: T::DTYPE }),
+            Norm::F32 => Some(RawWeight { ptr: dw32.as_device_ptr().as_raw(), len: c.rank, dtype: DType::F32 }),
+        };
         let (cl, kl) = c.input_layouts();
         let k_buf = if c.fused { &dkv } else { &dk };
         {
@@ -163,6 +202,7 @@ impl<T: TestElem> Step<T> {
                     },
                     slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
                     deinterleaved: c.deint,
+                    kv_c_norm: weight.map(|weight| RawMlaNorm { weight, eps: EPS }),
                 };
                 // SAFETY: every address is a live buffer of this context, alive until the sync.
                 unsafe { rope.append_mla_raw(&args, g.stream.as_inner()) }.unwrap();
@@ -179,6 +219,11 @@ impl<T: TestElem> Step<T> {
                 if c.deint {
                     a = a.deinterleaved();
                 }
+                a = match c.norm {
+                    Norm::None => a,
+                    Norm::Own => a.kv_c_norm(&dw, EPS),
+                    Norm::F32 => a.kv_c_norm(&dw32, EPS),
+                };
                 rope.append_mla(a, &g.stream).unwrap();
             }
         }
@@ -226,8 +271,12 @@ fn own_case<T: TestElem + DeviceCopy + Default>(g: &Gpu, c: Case, seed: u64) {
         let at = row_at(&s.cache, slot / c.blocks.1, slot % c.blocks.1, 0);
         let (kv_c, k_pe) = s.token(&c, t);
         let y = s.rotated(&c, t, k_pe);
+        let latent = s.latent(&c, t);
         for i in 0..c.rank {
-            (want[at + i], exact[at + i]) = (kv_c[i], None);
+            (want[at + i], exact[at + i]) = match &latent {
+                None => (kv_c[i], None),
+                Some(l) => (T::round(l[i]), Some(l[i])),
+            };
         }
         for i in 0..c.rope {
             (want[at + c.rank + i], exact[at + c.rank + i]) = (T::round(y[i]), Some(y[i]));
@@ -252,8 +301,17 @@ fn fp8_case<T: TestElem + DeviceCopy + Default, F: Code>(g: &Gpu, c: Case, seed:
         let at = row_at(&s.cache, slot / c.blocks.1, slot % c.blocks.1, 0);
         let (kv_c, k_pe) = s.token(&c, t);
         let y = s.rotated(&c, t, k_pe);
-        for i in 0..c.rank {
-            want[at + i] = code(F::FMT, kv_c[i].to_f64() as f32, scale);
+        match s.latent(&c, t) {
+            None => (0..c.rank).for_each(|i| want[at + i] = code(F::FMT, kv_c[i].to_f64() as f32, scale)),
+            // Normalized: the code of a value within 1e-6 of the exact one (the statistic's f32
+            // arithmetic), the one of the exact value where the got byte is neither.
+            Some(l) => {
+                for i in 0..c.rank {
+                    let near = [1.0 - 1e-6, 1.0 + 1e-6].map(|f| code(F::FMT, (l[i] * f) as f32, scale));
+                    let got = cache[at + i].byte();
+                    want[at + i] = if near.contains(&got) { got } else { code(F::FMT, l[i] as f32, scale) };
+                }
+            }
         }
         for i in 0..c.rope {
             // The rotation rounded to f32 once, then divided and converted.
@@ -289,6 +347,7 @@ fn base() -> Case {
         fused: true,
         raw: false,
         deint: false,
+        norm: Norm::None,
     }
 }
 
@@ -310,6 +369,15 @@ fn cases() -> Vec<Case> {
         Case { deint: true, batch: 2, seq: 150, source: CosSin::Computed, raw: true, ..b },
         Case { deint: true, batch: 1, seq: 8200, heads: 4, blocks: (1024, 16), ..b },
         Case { deint: true, rank: 256, rope: 32, nope: 16, heads: 5, seq: 7, paged: false, blocks: (6, 64), ..b },
+        // kv_c normalized: decode, claimed, wide (f32 weights), contiguous with inputs of their
+        // own, a smaller rank; de-interleaved decode and claimed.
+        Case { norm: Norm::Own, ..b },
+        Case { norm: Norm::Own, batch: 2, seq: 150, source: CosSin::Computed, raw: true, ..b },
+        Case { norm: Norm::F32, batch: 1, seq: 8200, heads: 4, blocks: (1024, 16), ..b },
+        Case { norm: Norm::F32, paged: false, batch: 3, seq: 5, blocks: (3, 40), fused: false, pad: 8, ..b },
+        Case { norm: Norm::Own, rank: 256, rope: 32, nope: 16, heads: 5, seq: 7, source: CosSin::Computed, ..b },
+        Case { norm: Norm::Own, deint: true, ..b },
+        Case { norm: Norm::F32, deint: true, batch: 2, seq: 150, raw: true, ..b },
     ]
 }
 
@@ -432,6 +500,30 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
     assert!(matches!(call(512, &wide_k, &dslots, false), Err(Error::Shape { what: "k_pe", axis: "head_dim", .. })));
     assert!(matches!(call(512, &k_pe, &short, false), Err(Error::Length { what: "slots", .. })));
     assert!(matches!(call(512, &k_pe, &dslots, true), Err(Error::Scales(m)) if m.contains("MlaCache::scale")));
+    // kv_c's norm: weights of the wrong length, a bad eps, weights inside the cache (the raw
+    // door), FP8 weights.
+    let (w511, w512) = (upload_t(&vec![bf16::ONE; 511]), upload_t(&vec![bf16::ONE; 512]));
+    let w8 = upload_t(&vec![F8E4M3(0x38); 512]);
+    let cache_at = dc.as_device_ptr().as_raw();
+    let mut normed = |w: RawWeight, eps: f32| {
+        let mut q = TensorMut::new(&mut dq, c.q_layout());
+        let mut cache = MlaCache::paged(&mut dc, s.cache, 512);
+        let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
+        let args = RawMlaArgs { kv_c_norm: Some(RawMlaNorm { weight: w, eps }), ..a.raw() };
+        // SAFETY: every address but the refused weights' is a live buffer of this context.
+        unsafe { rope.append_mla_raw(&args, g.stream.as_inner()) }
+    };
+    let weight = |b: u64, len: usize, dtype: DType| RawWeight { ptr: b, len, dtype };
+    let (at511, at512) = (w511.as_device_ptr().as_raw(), w512.as_device_ptr().as_raw());
+    let e = normed(weight(at511, 511, DType::BF16), EPS);
+    assert!(matches!(e, Err(Error::Length { what: "kv_c norm weight", expected: 512, got: 511, .. })), "{e:?}");
+    for eps in [0.0, -1e-6, f32::NAN, f32::INFINITY] {
+        assert!(matches!(normed(weight(at512, 512, DType::BF16), eps), Err(Error::NormEps { .. })), "{eps}");
+    }
+    let e = normed(weight(cache_at + 64, 512, DType::BF16), EPS);
+    assert!(matches!(e, Err(Error::Aliasing { a, b }) if a == "kv_c norm weight" || b == "kv_c norm weight"), "{e:?}");
+    let e = normed(weight(w8.as_device_ptr().as_raw(), 512, DType::E4M3), EPS);
+    assert!(matches!(e, Err(Error::DType { what: "kv_c norm weight", .. })), "{e:?}");
     g.stream.synchronize().unwrap();
     let after: Vec<bf16> = download_t(&dc);
     assert!(after.iter().zip(&cache0).all(|(a, b)| a.to_bits() == b.to_bits()), "the cache changed");

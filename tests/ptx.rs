@@ -73,9 +73,11 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
     // claim; the FP8 caches' read into each element type; the QK-norm's (`_n`, `_w`) at
     // their widths, with each row kind, source and operand type; and the de-interleaved GPT-J
-    // pairs' (`kv_gptjd_`) at theirs, one row kind, each source and operand type.
+    // pairs' (`kv_gptjd_`) at theirs and, normalizing MLA's kv_c, at the whole-projection
+    // norm's (`_w`), one row kind, each source and operand type.
     let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
-    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * DEINTERLEAVED_WIDTHS.len();
+    let deint_widths = DEINTERLEAVED_WIDTHS.len() + WHOLE_WIDTHS.len();
+    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * deint_widths;
     assert_eq!(named("kv_gptjd_").len(), deinterleaved);
     let kv = per_width * KV_WIDTHS.len()
         + deinterleaved
@@ -88,7 +90,7 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     assert_eq!(named("kv_").len(), kv);
     // FP8 caches: every width.
     let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
-    let fp8_deinterleaved = FP8_TYPES.len() * SOURCES.len() * DEINTERLEAVED_WIDTHS.len();
+    let fp8_deinterleaved = FP8_TYPES.len() * SOURCES.len() * deint_widths;
     assert_eq!(
         named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(),
         fp8_per_width * fp8_widths + fp8_deinterleaved
@@ -100,6 +102,7 @@ fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     assert_eq!(
         named("kv_").into_iter().filter(|n| n.ends_with("_w")).count(),
         (per_width + fp8_per_width) * WHOLE_WIDTHS.len()
+            + (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * WHOLE_WIDTHS.len()
     );
     // And the five benchmark kernels (the tests build with the feature `bench-kernels`).
     assert_eq!(named("").len(), rope + kv + 5);
@@ -189,8 +192,9 @@ fn computed_kernels_use_no_fp64() {
         .collect::<Vec<_>>();
     let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
     let rope_widths = ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + ROPE_WHOLE_WIDTHS.len();
-    // And the de-interleaved KV kernels' (one row kind, every operand type).
-    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * DEINTERLEAVED_WIDTHS.len();
+    // And the de-interleaved KV kernels' (one row kind, every operand type, with and without
+    // kv_c's norm).
+    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * (DEINTERLEAVED_WIDTHS.len() + WHOLE_WIDTHS.len());
     assert_eq!(
         computed.len(),
         STYLES.len() * ROWS.len() * (TYPES.len() * (rope_widths + kv_widths) + FP8_TYPES.len() * kv_widths)

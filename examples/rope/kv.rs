@@ -704,15 +704,18 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
         Layout::strided([1, tokens, 1, pe], [tokens * w, w, w], rank),
     );
     let cache_layout = Layout::bshd(blocks, bs, 1, w);
-    let op = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>| {
+    // kv_c's norm (`kv_a_layernorm`, eps 1e-6), for the rows that take it in the launch.
+    let weight: Vec<bf16> = seeded(37, rank).iter().map(|w| bf16::from_f32(0.5 + w.to_f32())).collect();
+    let dw = upload(&weight)?;
+    let call = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>, norm: bool| {
         let mut cache = MlaCache::paged(dc, cache_layout, rank);
         let mut q = TensorMut::new(dq, q_pe);
         let (c, k) = (Tensor::new(&dkv, kv_c), Tensor::new(&dkv, k_pe));
-        rope.append_mla(
-            MlaAppend::new(&c, &k, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q),
-            stream,
-        )
+        let a = MlaAppend::new(&c, &k, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
+        rope.append_mla(if norm { a.kv_c_norm(&dw, 1e-6) } else { a }, stream)
     };
+    let op = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>| call(dq, dc, false);
+    let normed = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>| call(dq, dc, true);
     // The check: one call on fresh q, then a sample of tokens' rows and q heads.
     op(&mut dq, &mut dc)?;
     rope.check_errors(stream)?;
@@ -741,6 +744,19 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
             }
         }
     }
+    // The same step with kv_c normalized: the sampled rows' kv_c against the f64 norm.
+    normed(&mut dq, &mut dc)?;
+    rope.check_errors(stream)?;
+    let cache = download(&dc)?;
+    let w64: Vec<f64> = weight.iter().map(|v| v.to_f64()).collect();
+    let mut norm_ulps = 0;
+    for t in (0..tokens).step_by(7.max(tokens / 256)) {
+        let x: Vec<f64> = kv_a[t * w..t * w + rank].iter().map(|v| v.to_f64()).collect();
+        let y = rope_cuda::reference::rms_norm_row(&x, Some(&w64), 0.0, 1e-6f32 as f64);
+        for (j, &yj) in y.iter().enumerate() {
+            norm_ulps = norm_ulps.max(cache[slots[t] as usize * w + j].ulps(bf16::round(yj)));
+        }
+    }
     // q_pe read and written, kv_c and k_pe read, the rows written (bytes).
     let bytes = tokens * (2 * heads * pe + 2 * w) * 2;
     let src = upload(&seeded(33, bytes / 4))?;
@@ -750,6 +766,7 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
     let mut rows = Vec::new();
     if decode {
         let device = time_device(kernels, stream, 20, runs, || op(&mut dq, &mut dc))?;
+        let device_norm = time_device(kernels, stream, 20, runs, || normed(&mut dq, &mut dc))?;
         let copy = time_device(kernels, stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
         // With L2 flushed before each run (a 256 MiB memset outside the events), as peers time.
         let flush = DeviceBuffer::from_slice(&vec![0u32; 64 << 20])?;
@@ -806,8 +823,16 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
             against: Against::Baseline("mla decode, L2 flushed", flushed),
             ulps: 0,
         });
+        rows.push(KvRow {
+            name: "mla decode + kv_c norm",
+            what: "kv_a_layernorm in the launch, device".into(),
+            op: device_norm,
+            against: Against::Baseline("mla decode, device", device),
+            ulps: norm_ulps,
+        });
     } else {
         let fused = time_op(stream, 20, runs, || op(&mut dq, &mut dc))?;
+        let fused_norm = time_op(stream, 20, runs, || normed(&mut dq, &mut dc))?;
         let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
         // The access pattern's own yardstick: q_pe's 128 bytes of every 384 copied by a copy
         // kernel of strided rows (16 bytes a thread, read and written at q_pe's offsets), plus
@@ -845,6 +870,13 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
             op: fused,
             against: Against::Baseline("strided + row copy", both),
             ulps: 0,
+        });
+        rows.push(KvRow {
+            name: "mla prefill + kv_c norm",
+            what: "kv_a_layernorm in the launch".into(),
+            op: fused_norm,
+            against: Against::Copy(copy, bytes as u64),
+            ulps: norm_ulps,
         });
         rows.push(KvRow {
             name: "mla q_pe RoPE alone",

@@ -284,6 +284,7 @@ impl KvUpdate {
             tables: TableSource::Caller,
             mrope: None,
             deinterleave: false,
+            v_norm: None,
         };
         let table = SourceView::Caller(CallerView::new(cos.0, sin.0));
         let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;

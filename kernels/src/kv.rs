@@ -358,7 +358,20 @@ pub(crate) unsafe fn kv_append<
     // once the position's and slot's loads are issued or the scan has settled them (every
     // thread of the block stays until then: the `_n` kernels' heads lie inside one warp, whose
     // every lane takes part).
-    let normed = NORM && item.is_some() && (is_q || is_k);
+    // (The `_n` kernels normalize q and k; the `_w` kernels the projections the view names.)
+    let which = if is_q {
+        0
+    } else if is_k {
+        1
+    } else {
+        2
+    };
+    let normed = NORM
+        && item.is_some()
+        && match WHOLE {
+            true => p.norm.projections >> which & 1 != 0,
+            false => is_q || is_k,
+        };
     let norm_at = LaneAt { rotating, lane, half, copy_at, head: h0 as usize };
     // The lane's weights, loaded only with a norm (ptxas gave the computed `_v_c` 99 registers
     // with the call whose result went unused, 72 without it).
@@ -366,7 +379,7 @@ pub(crate) unsafe fn kv_append<
         // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for
         // each head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of
         // the launch's geometry.
-        true => unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, normed, norm_at) },
+        true => unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, which, normed, norm_at) },
         false => [[0; 4]; 2],
     };
     // A whole-projection norm's head sums: this thread's, and its projection's first group
@@ -378,20 +391,12 @@ pub(crate) unsafe fn kv_append<
         thread: thread_idx().0,
         first: thread_idx().0.wrapping_sub(w),
         groups: heads,
+        lanes,
     };
     // SAFETY: every thread of the block calls it at once (one of two call sites runs).
     let norm_of = move || unsafe {
         let data = (&rows, &first, &first_copy);
-        NormLane::of::<S, R, C, G, WHOLE>(
-            &p.norm,
-            is_k as usize,
-            normed,
-            norm_at,
-            data,
-            norm_bits,
-            slots.divisor,
-            whole,
-        )
+        NormLane::of::<S, R, C, G, WHOLE>(&p.norm, which, normed, norm_at, data, norm_bits, slots.divisor, whole)
     };
     // Reports: the first q item reports positions (the first k item without q); the first k
     // item reports slots.

@@ -19,6 +19,11 @@
 //! that hold each token's q heads, and its k heads, whole (the host's geometry): each head's
 //! sum goes to shared memory, and after a barrier every lane adds its projection's head sums
 //! in the same order (`Whole`), so that every head of a token gets the same factor.
+//!
+//! The same kernels normalize MLA's latent `kv_c` (the values' one head, its `kv_a_layernorm`)
+//! with q and k left as they are ([`NormView::projections`]): a head of 512 elements spans two
+//! to eight warps, so each warp's first lane puts its sum in shared memory and every lane adds
+//! its group's warps in order.
 
 use crate::keys::DType;
 #[cfg(target_arch = "nvptx64")]
@@ -27,23 +32,24 @@ use crate::{
     rotate::{unrolled, Rows, Style},
 };
 
-/// The norm of a fused launch: q's and k's weights, their type, the offset added to each
-/// weight, `eps`, and the number of elements the mean divides by.
+/// The norm of a fused launch: q's, k's and v's weights, their type, the offset added to each
+/// weight, `eps`, the number of elements the mean divides by, and which of the three are
+/// normalized.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct NormView {
-    /// Device addresses of q's and k's weights (`[head_dim]` each, of `w_type`); 0: no
+    /// Device addresses of q's, k's and v's weights (`[head_dim]` each, of `w_type`); 0: no
     /// weight (every weight 1, the offset unused).
-    pub weights: [u64; 2],
+    pub weights: [u64; 3],
     /// The element type of the weights (f32, f16 or bf16).
     pub w_type: DType,
     /// Added to each weight in f32: 0 (`x r w`), or 1 (Gemma's `x r (1 + w)`).
     pub offset: f32,
     /// Added to the mean of the squares (positive, finite).
     pub eps: f32,
-    /// `1 / n` in f32 for q's statistic (0) and k's (1), `n` the mean's divisor: `head_dim`,
-    /// or for a whole-projection norm the projection's `heads × head_dim`.
-    pub inv_dim: [f32; 2],
+    /// `1 / n` in f32 for q's statistic (0), k's (1) and v's (2), `n` the mean's divisor:
+    /// `head_dim`, or for a whole-projection norm the projection's `heads × head_dim`.
+    pub inv_dim: [f32; 3],
     /// 1 where the weights are of the inputs' type and 16-byte aligned: a lane loads its
     /// weights with its own accesses (the weights lie as a head's elements do); 0: element
     /// by element.
@@ -52,13 +58,47 @@ pub struct NormView {
     /// `[head_dim]` weights; `head_dim` weights' bytes for a whole-projection norm (weights
     /// `[heads × head_dim]`, the statistic over the token's heads: the `_w` kernels).
     pub head_step: u32,
+    /// Bit `i` set: projection `i` (q 0, k 1, v 2) is normalized. The `_n` kernels normalize
+    /// q and k (both bits); the `_w` kernels the projections set here, v only among them
+    /// where v has one head (MLA's `kv_c`, whose 512 elements span two warps or more).
+    pub projections: u32,
 }
+
+/// [`NormView::projections`]' bits of QK-norm: q's and k's.
+pub const QK: u32 = 0b011;
+/// [`NormView::projections`]' bit of the values' norm (MLA's `kv_c`, `_w` kernels only).
+pub const V: u32 = 0b100;
 
 impl NormView {
     /// Whether the statistic is taken over all of a token's heads (a whole-projection norm).
     #[inline(always)]
     pub fn whole(&self) -> bool {
         self.head_step != 0
+    }
+
+    /// The weights' address of projection `which` (q 0, k 1, v 2), chosen by selects; the
+    /// kernels without a whole-projection norm (`WHOLE` false) normalize q and k only, and
+    /// hold no select of v's.
+    #[inline(always)]
+    pub fn weights_of<const WHOLE: bool>(&self, which: usize) -> u64 {
+        match which {
+            0 => self.weights[0],
+            1 => self.weights[1],
+            _ if WHOLE => self.weights[2],
+            _ => self.weights[1],
+        }
+    }
+
+    /// The statistic's `1 / n` of projection `which`: each its own for a whole-projection norm
+    /// (`WHOLE`), q's (every head's `head_dim`) in the others.
+    #[inline(always)]
+    pub fn inv_dim_of<const WHOLE: bool>(&self, which: usize) -> f32 {
+        match which {
+            _ if !WHOLE => self.inv_dim[0],
+            0 => self.inv_dim[0],
+            1 => self.inv_dim[1],
+            _ => self.inv_dim[2],
+        }
     }
 }
 
@@ -99,8 +139,8 @@ fn rsqrt_approx(x: f32) -> f32 {
     }
 }
 
-/// The sum of `v` over the aligned groups of `slots` (a power of two up to 32) consecutive
-/// lanes of the warp: xor shuffles 1, 2, 4, 8 and 16, each taken only below `slots`. Every
+/// The sum of `v` over the aligned groups of `slots` (a power of two; 32 or more: the whole
+/// warp) consecutive lanes of the warp: xor shuffles 1, 2, 4, 8 and 16, each taken only below `slots`. Every
 /// lane of the warp must call it at once, whatever its own `slots` (each step's shuffle is
 /// executed by all 32 lanes; a lane adds only its group's values), and the sum is the same
 /// in every lane of a group (the butterfly's order is symmetric).
@@ -234,8 +274,9 @@ pub(crate) struct LaneAt {
 
 /// Where a lane of a whole-projection norm finds its projection's head sums: `parts`, one f32
 /// per thread of the block in its dynamic shared memory; the thread's index in the block;
-/// the block index of its projection's first lane, and the projection's groups (its heads),
-/// `slots` apart.
+/// the block index of its projection's first lane, the projection's groups (its heads),
+/// `slots` apart, and each group's `lanes` (past 32, its warps each put a sum: a head of
+/// MLA's `kv_c`).
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Whole {
@@ -243,11 +284,12 @@ pub(crate) struct Whole {
     pub thread: u32,
     pub first: u32,
     pub groups: u32,
+    pub lanes: u32,
 }
 
 #[cfg(target_arch = "nvptx64")]
 impl NormLane {
-    /// The bits of the lane's weights for q (`which == 0`) or k (1), loaded with the lane's
+    /// The bits of the lane's weights for q (`which == 0`), k (1) or v (2), loaded with the lane's
     /// own accesses where the view says they lie as a head's elements do (`vector`); zeros
     /// otherwise (`on` false, no weights, or element by element: [`NormLane::of`] loads them).
     /// Issued with the inputs' loads, so that the statistic does not wait on them.
@@ -263,7 +305,7 @@ impl NormLane {
         on: bool,
         at: LaneAt,
     ) -> [Bits; 2] {
-        let base = view.weights[which];
+        let base = view.weights_of::<WHOLE>(which);
         if !on || base == 0 || view.vector == 0 {
             return [[0; 4]; 2];
         }
@@ -285,8 +327,9 @@ impl NormLane {
     /// of each head summed over its group of `slots` lanes ([`group_sum`]), each head's factor
     /// ([`inv_rms`]), and the lane's weights plus the offset. Lanes not `on` add nothing and
     /// get [`NormLane::OFF`]'s values. A whole-projection norm (`WHOLE`, the one-head `_w`
-    /// kernels): each group's first lane puts its head's sum in `whole()`'s `parts`, and after
-    /// a barrier each lane adds its projection's, in order.
+    /// kernels): each group's first lane (and, in a group past 32 lanes, each warp's) puts its
+    /// sum in `whole()`'s `parts`, and after a barrier each lane adds its projection's, in
+    /// order.
     ///
     /// # Safety
     /// Every lane of the warp calls it at once (the shuffles: `G` sums each), and with `WHOLE`
@@ -307,8 +350,8 @@ impl NormLane {
     ) -> NormLane {
         const { assert!(G <= NORM_HEADS && (!WHOLE || G == 1)) };
         let mut norm = NormLane { on, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
-        // (q's and k's divisors differ only for a whole projection.)
-        let inv_dim = if WHOLE && which != 0 { view.inv_dim[1] } else { view.inv_dim[0] };
+        // (The projections' divisors differ only for a whole projection.)
+        let inv_dim = view.inv_dim_of::<WHOLE>(which);
         // Unrolled (constant indices: the factors stay in registers).
         unrolled(G, |h| {
             let mut sum = 0.0f32;
@@ -335,12 +378,12 @@ impl NormLane {
             norm.r[h] = if WHOLE {
                 // SAFETY: the caller's contract: every thread of the block is here, `parts`
                 // holds one f32 per thread, and the projection's groups lie in the block.
-                unsafe { inv_rms(whole_sum(whole(), on && at.lane == 0, on, sum, slots), inv_dim, view.eps) }
+                unsafe { inv_rms(whole_sum(whole(), on && at.lane % 32 == 0, on, sum, slots), inv_dim, view.eps) }
             } else {
                 inv_rms(sum, inv_dim, view.eps)
             };
         });
-        let base = view.weights[which];
+        let base = view.weights_of::<WHOLE>(which);
         let head = at.head;
         if on && base != 0 && view.vector != 0 {
             if at.rotating {
@@ -373,14 +416,17 @@ impl NormLane {
     }
 }
 
-/// The sum of a whole projection's head sums for a lane (`on`: of q or k) of the block:
-/// `head_sum` put in `parts` where `leader` (its group's first lane), a barrier, then the
-/// projection's `groups` sums added in order (every lane of a projection the same value).
+/// The sum of a whole projection's head sums for a lane (`on`: of a normalized projection) of
+/// the block: `head_sum` (its warp's part of its group's sum) put in `parts` where `leader`
+/// (its group's first lane, or a later warp's first lane of a group past 32 lanes), a
+/// barrier, then the projection's sums added in order, group by group and warp by warp
+/// (every lane of a projection the same value).
 ///
 /// # Safety
 /// Every thread of the block calls it (the barrier); `w.parts` holds one f32 per thread of
-/// the block, and the projection's groups (`w.first + g * slots`, `g < w.groups`) are threads
-/// of the block whose leaders are `on`.
+/// the block, and the projection's groups (`w.first + g * slots + 32 c`, `g < w.groups`,
+/// `32 c < w.lanes`) are threads of the block whose leaders are `on`; a group past 32 lanes
+/// starts a warp.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn whole_sum(w: Whole, leader: bool, on: bool, head_sum: f32, slots: u32) -> f32 {
@@ -392,8 +438,12 @@ unsafe fn whole_sum(w: Whole, leader: bool, on: bool, head_sum: f32, slots: u32)
         crate::mem::sync_threads();
         let mut total = 0.0f32;
         if on {
+            // One warp's sum a group up to 32 lanes (q's and k's heads).
+            let warps = w.lanes.div_ceil(32);
             for g in 0..w.groups {
-                total += *w.parts.add((w.first + g * slots) as usize);
+                for c in 0..warps {
+                    total += *w.parts.add((w.first + g * slots + 32 * c) as usize);
+                }
             }
         }
         total
@@ -412,8 +462,8 @@ fn head_offset<const WHOLE: bool>(view: &NormView, head: usize) -> usize {
     }
 }
 
-/// The weight of element `d` of head `head` of the norm `view`'s weights for q (`which == 0`)
-/// or k (1) (every head's the same but for a whole-projection norm, [`head_offset`]), in f32
+/// The weight of element `d` of head `head` of the norm `view`'s weights for q (`which == 0`),
+/// k (1) or v (2) (every head's the same but for a whole-projection norm, [`head_offset`]), in f32
 /// with the offset added; 1 without weights.
 ///
 /// # Safety
@@ -423,7 +473,7 @@ fn head_offset<const WHOLE: bool>(view: &NormView, head: usize) -> usize {
 #[inline(always)]
 pub(crate) unsafe fn weight<const WHOLE: bool>(view: &NormView, which: usize, head: usize, d: usize) -> f32 {
     use crate::gpu::{load_elem_nc, Bf16, Elem, F16, F32};
-    let base = view.weights[which];
+    let base = view.weights_of::<WHOLE>(which);
     if base == 0 {
         return 1.0;
     }

@@ -147,6 +147,7 @@ pub(crate) unsafe fn rope<
         thread: thread_idx().0,
         first: thread_idx().0.wrapping_sub(work.wrapping_sub(if is_k { k_group * slots } else { 0 })),
         groups: heads,
+        lanes,
     };
     // SAFETY: the positions buffer holds every token's entry.
     let raw = item.map(|_| unsafe { P::load(&p.positions, token, b as u32, s as u32) });
