@@ -770,16 +770,12 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
         let copy = time_device(kernels, stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
         // With L2 flushed before each run (a 256 MiB memset outside the events), as peers time.
         let flush = DeviceBuffer::from_slice(&vec![0u32; 64 << 20])?;
-        let flushed = rope_cuda::bench::time_after(
-            stream,
-            20,
-            runs,
-            || {
-                flush_l2(&flush, stream)?;
-                rope_cuda::bench::spin(kernels, stream, 200_000)
-            },
-            || op(&mut dq, &mut dc),
-        )?;
+        // The flush, then a spin kernel that keeps the stream busy while the timed launch queues.
+        let cold = || {
+            flush_l2(&flush, stream)?;
+            rope_cuda::bench::spin(kernels, stream, 200_000)
+        };
+        let flushed = rope_cuda::bench::time_after(stream, 20, runs, &cold, || op(&mut dq, &mut dc))?;
         rows.push(KvRow {
             name: "mla decode, device",
             what: what.clone(),
@@ -792,16 +788,8 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
         let events =
             rope_cuda::bench::time_after(stream, 20, runs, || flush_l2(&flush, stream), || op(&mut dq, &mut dc))?;
         // The least any kernel that reads these bytes and writes them costs, timed the same way.
-        let touch_flushed = rope_cuda::bench::time_after(
-            stream,
-            20,
-            runs,
-            || {
-                flush_l2(&flush, stream)?;
-                rope_cuda::bench::spin(kernels, stream, 200_000)
-            },
-            || touch(kernels, stream, &src, &mut dst),
-        )?;
+        let touch_flushed =
+            rope_cuda::bench::time_after(stream, 20, runs, &cold, || touch(kernels, stream, &src, &mut dst))?;
         rows.push(KvRow {
             name: "mla decode, L2 flushed",
             what: what.clone(),
