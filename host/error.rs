@@ -202,6 +202,12 @@ pub enum Error {
     /// head of q at most 32 lanes.
     #[error("de-interleaved pairs: {0}")]
     Deinterleave(&'static str),
+    /// A combination of features no kernel takes, by a rule of the support table
+    /// ([`rope_cuda_kernels::support::supported`]; the README's support table says it in
+    /// words): the rule names what to change. (A rule about the norm or de-interleaved pairs
+    /// comes as [`Error::Norm`] or [`Error::Deinterleave`], with the rule's words.)
+    #[error("no kernel takes this combination: {0}")]
+    Unsupported(rope_cuda_kernels::support::Unsupported),
     /// A device address is not aligned to what is read there (its element size; 16 bytes for
     /// the benchmarks' copy): start the view on an element boundary.
     #[error("{what}: device address {address:#x} is not aligned to {align} bytes")]
@@ -416,3 +422,17 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<rope_cuda_kernels::support::Unsupported> for Error {
+    /// A rule of the support table as the error of the feature it is about: the norm's rules
+    /// as [`Error::Norm`], de-interleaved pairs' as [`Error::Deinterleave`], the others as
+    /// [`Error::Unsupported`].
+    fn from(rule: rope_cuda_kernels::support::Unsupported) -> Self {
+        use rope_cuda_kernels::support::Unsupported as U;
+        match rule {
+            U::HeadNorm | U::WholeNorm => Error::Norm(rule.reason()),
+            U::Deinterleaved => Error::Deinterleave(rule.reason()),
+            _ => Error::Unsupported(rule),
+        }
+    }
+}

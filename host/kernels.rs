@@ -319,13 +319,13 @@ impl Kernels {
     /// Every address in `params` is valid for what the key's kernel does with `geometry`
     /// (the caller's checks say why), and `stream` is a stream of this module's context.
     /// Checks that the kernel of `key` takes blocks of `geometry`'s size: the library's blocks
-    /// of [`BLOCK_THREADS`](crate::launch::BLOCK_THREADS) always fit; the larger blocks of a
+    /// of [`BLOCK_THREADS`](rope_cuda_kernels::tuning::BLOCK_THREADS) always fit; the larger blocks of a
     /// whole-projection norm (up to 512 threads, one token's q or k heads each) need a kernel
     /// of at most 128 registers a thread (each is: ptxas's counts in CI), which the driver's
     /// compilation decides. [`Error::TooLarge`] otherwise, before any launch.
     pub(crate) fn check_block<K: Key>(&self, key: K, geometry: Geometry) -> Result<()> {
         let threads = geometry.block.0 * geometry.block.1;
-        if threads <= crate::launch::BLOCK_THREADS {
+        if threads <= rope_cuda_kernels::tuning::BLOCK_THREADS {
             return Ok(());
         }
         let ep = key.entry_point().ok_or_else(|| Error::NoKernel { key: format!("{key:?}") })?;

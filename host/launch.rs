@@ -21,7 +21,7 @@ use crate::layout::{disjoint, Layout};
 use crate::records::Records;
 use crate::tensor::{RawPositions, RawTensor};
 
-pub(crate) use rope_cuda_kernels::tuning::BLOCK_THREADS;
+use rope_cuda_kernels::tuning::BLOCK_THREADS;
 
 /// The view lies inside its buffer, and its address is aligned to its elements.
 pub(crate) fn check_view(what: &'static str, t: &RawTensor) -> Result<()> {

@@ -133,13 +133,13 @@ pub use layout::Layout;
 pub use mla::{validate_mla, MlaAppend, MlaCache, RawMlaArgs, RawMlaCache};
 pub use norm::{NormKind, QkNorm, RawMlaNorm, RawNorm, RawWeight};
 pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
-pub use rope::{validate, Rope, RopeArgs};
+pub use rope::{validate, RawArgs, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;
 pub use rope_cuda_kernels::fp8::Fp8;
 pub use scaling::RopeScaling;
 pub use table::{row as table_row, HostTable, RopeTable};
 pub use tables::TableRope;
-pub use tensor::{PositionKind, Positions, RawArgs, RawPositions, RawTensor, Tensor, TensorMut};
+pub use tensor::{PositionKind, Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
 pub use rope_cuda_kernels::keys::TableSource;
 

@@ -284,7 +284,7 @@ pub(crate) const WHOLE_TOO_LARGE: &str = "a whole-projection norm takes a token'
 /// it would straddle one, and the items rounded up to whole blocks. `(k start, items,
 /// block)`; `None` past WHOLE_BLOCK_MAX.
 fn whole_blocks(q_len: u64, k_len: u64, k_start: u64, items: impl Fn(u64) -> u64) -> Option<(u64, u64, u32)> {
-    let base = crate::launch::BLOCK_THREADS as u64;
+    let base = rope_cuda_kernels::tuning::BLOCK_THREADS as u64;
     let packed = items(k_start);
     if packed <= WHOLE_BLOCK_MAX {
         return Some((k_start, packed, (packed * (base / packed).max(1)) as u32));

@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use cust::sys as cuda;
-use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
+use rope_cuda_kernels::norm::NormView;
 use rope_cuda_kernels::params::{groups, heads_per_thread, lane_slots, RopeParams};
-use rope_cuda_kernels::tuning::ROPE_FEW_THREADS as FEW_THREADS;
+use rope_cuda_kernels::support::supported;
+use rope_cuda_kernels::tuning::{BLOCK_THREADS, ROPE_FEW_THREADS as FEW_THREADS};
 use rope_cuda_kernels::views::{ErrorSink, SourceView};
 
 use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
@@ -14,12 +15,12 @@ use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::launch::{
     block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, heads_view,
-    lanes, pairs, positions, staged, vector_fits, Core, BLOCK_THREADS,
+    lanes, pairs, positions, staged, vector_fits, Core,
 };
-use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawWeight, WHOLE_TOO_LARGE};
+use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
-use crate::tensor::{Positions, RawArgs, RawTensor, Tensor, TensorMut};
+use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
 /// RoPE for one configuration: its source of cos and sin built once ([`RopeTable`]: a table
 /// with angles in f64, stored f32, or the frequencies the kernels compute them from, as
@@ -397,6 +398,27 @@ pub(crate) fn buffers(args: &RawArgs, positions: u64) -> [(&'static str, u64); 7
     ]
 }
 
+/// Everything one RoPE launch takes, as device addresses. Each tensor carries its element
+/// type: q's and k's must be the configuration's, and each output's one a kernel writes from
+/// them (so far: the same).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawArgs {
+    /// The queries.
+    pub q: RawTensor,
+    /// Where rotated q goes; `None`: in place.
+    pub q_out: Option<RawTensor>,
+    /// The keys, if any.
+    pub k: Option<RawTensor>,
+    /// Where rotated k goes; `None`: in place. Present exactly when `q_out` is.
+    pub k_out: Option<RawTensor>,
+    /// The positions.
+    pub positions: RawPositions,
+    /// Forward or inverse rotation.
+    pub direction: Direction,
+    /// QK-norm of each head of q and k before the rotation ([`crate::RopeArgs::norm`]).
+    pub norm: Option<RawNorm>,
+}
+
 /// One of q and k: input, output (the input again in place) and names for errors.
 struct Operand {
     input: RawTensor,
@@ -406,10 +428,96 @@ struct Operand {
 }
 
 /// Checks `args` against `config` and works out the launch with cos and sin from `source` and
-/// `errors`; `None` when there is no work.
+/// `errors`; `None` when there is no work. A pipeline: the operands' checks, the norm's stage,
+/// the rows', one choice of width, the key against the support table, the geometry.
 pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, errors: ErrorSink) -> Result<Option<Plan>> {
+    let (q, k, in_place) = rope_operands(config, args)?;
+    // q, then k if present (no allocation: this runs on every launch).
+    let ops = || [Some(&q), k.as_ref()].into_iter().flatten();
+    let norm = rope_norm(config, args, ops(), in_place)?;
+    let qs = q.input.layout.shape;
+    let (batch, seq) = (qs[0], qs[1]);
+    let tokens = batch.saturating_mul(seq);
+    let positions = positions(&args.positions, batch, seq, config.max_position, config.mrope.is_some())?;
+    let pairs = pairs(config.rotary_dim, config.mrope.map(|m| m.bands()));
+    check_u32(&[
+        ("batch * seq", tokens),
+        ("q heads", qs[2]),
+        ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads())),
+    ])?;
+
+    let size = config.dtype.size();
+    let (rot, hd) = (config.rotary_dim, config.head_dim);
+    let vector = vector_fits(config.style, hd, rot, size, ops().flat_map(|op| [&op.input, &op.output]));
+    let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
+    // In place the dims past rotary_dim stay, unless a norm scales them.
+    let copy_lanes = if in_place && norm.is_none() { 0 } else { (hd - rot) / copy_width };
+    // The normed kernels: a head's lanes inside one warp, in a power of two of slots.
+    let slots = if norm.is_some() { lane_slots((rot_lanes + copy_lanes) as u64) as u32 } else { 0 };
+    let view = |op: &Operand| heads_view(&op.input, Some(&op.output));
+    let params = RopeParams {
+        q: view(&q),
+        k: k.as_ref().map(view).unwrap_or_default(),
+        pairs,
+        source,
+        positions,
+        errors,
+        tokens: tokens as u32,
+        seq: seq as u32,
+        rot_lanes: rot_lanes as u32,
+        copy_lanes: copy_lanes as u32,
+        sin_sign: match args.direction {
+            Direction::Forward => 1.0,
+            Direction::Inverse => -1.0,
+        },
+        chunk: 0,
+        slots,
+        norm: norm.unwrap_or_default(),
+        k_group: 0,
+        items: 0,
+    };
+    let (width, g, few) = rope_width(config, &params, vector, ops().any(|op| shared_lines(op, size)), in_place);
+    // Few tokens: the block copies the angle table into shared memory while the positions
+    // load (the one-head kernels only; see `ComputedView::with_staged`).
+    let params = RopeParams { source: staged(source, few && g == 1), ..params };
+    let key = RopeKey {
+        style: config.style,
+        types: params.types(),
+        width,
+        mrope: config.mrope.is_some(),
+        source: source.source(),
+        norm: norm.is_some(),
+        whole: norm.is_some_and(|n| n.whole()),
+    };
+    check_rope_key(config, args, &key)?;
+    if norm.is_some() && rot_lanes + copy_lanes > 32 {
+        return Err(Error::Norm("a head takes more than 32 lanes (head_dim above 256 in f16/bf16, 128 in f32)"));
+    }
+    // A whole-projection norm's kernels take k's first group and the items per token from the
+    // parameters, and blocks that hold a token's q heads and its k heads whole.
+    let (params, block) = match key.whole {
+        false => (params, BLOCK_THREADS),
+        true => {
+            let (q_heads, k_heads) = (params.q.heads as u64, params.k.heads as u64);
+            let (k_group, items, block) =
+                whole_rope_layout(q_heads, k_heads, params.slots as u64).ok_or(Error::Norm(WHOLE_TOO_LARGE))?;
+            (RopeParams { k_group, items, ..params }, block)
+        }
+    };
+    Ok(block_geometry(params.tokens, params.work(g) as u64, block)?.map(|(geometry, chunk)| {
+        let params = RopeParams { chunk, ..params };
+        let block = geometry.block.0;
+        let layout = params.shared(block, params.work(g), params.source.computed());
+        let shared = layout.with_norm_sums(params.norm.whole(), block);
+        Plan { key, params, shared, geometry }
+    }))
+}
+
+/// The operand stage: q's and k's types (the configuration's), shapes, views, and what each
+/// writes kept apart from the rest; returns q, k, and whether they rotate in place.
+fn rope_operands(config: &RopeConfig, args: &RawArgs) -> Result<(Operand, Option<Operand>, bool)> {
     // The inputs are of the configuration's type; the outputs of one a kernel writes from it
-    // (checked with the key, below).
+    // (checked with the key).
     for (what, t) in [("q", Some(&args.q)), ("k", args.k.as_ref())] {
         match t {
             Some(t) if t.dtype != config.dtype => {
@@ -418,7 +526,6 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
             _ => {}
         }
     }
-    let size = config.dtype.size();
     if args.q_out.is_some() != args.k_out.is_some() && args.k.is_some() {
         return Err(Error::InPlaceMismatch);
     }
@@ -427,11 +534,9 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
     }
     let q = Operand { input: args.q, output: args.q_out.unwrap_or(args.q), name: "q", out_name: "q_out" };
     let k = args.k.map(|input| Operand { input, output: args.k_out.unwrap_or(input), name: "k", out_name: "k_out" });
-    // q, then k if present (no allocation: this runs on every launch).
-    let ops = || [Some(&q), k.as_ref()].into_iter().flatten();
     let in_place = args.q_out.is_none();
     let qs = q.input.layout.shape;
-    for op in ops() {
+    for op in [Some(&q), k.as_ref()].into_iter().flatten() {
         let shape = op.input.layout.shape;
         check_axis(op.name, "head_dim", config.head_dim, shape[3])?;
         for (axis, i) in [("batch", 0), ("seq", 1)] {
@@ -461,137 +566,84 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
             check_disjoint((an, a), (bn, b))?;
         }
     }
+    Ok((q, k, in_place))
+}
 
-    let norm = match &args.norm {
-        None => None,
-        Some(n) => {
-            let heads = [Some(q.input.layout.heads()), k.as_ref().map(|k| k.input.layout.heads())];
-            let view = norm_view(n, config.head_dim, heads, config.dtype)?;
-            // The weights are read, never written: nothing an output covers.
-            let weights = [("q norm weight", n.q_weight), ("k norm weight", n.k_weight)];
-            for (what, w) in weights {
-                let Some(w) = w else { continue };
-                for op in ops() {
-                    check_disjoint((what, &w.tensor()), (if in_place { op.name } else { op.out_name }, &op.output))?;
-                }
-            }
-            Some(view)
+/// The norm stage: the QK-norm's view, its weights apart from every output.
+fn rope_norm<'o>(
+    config: &RopeConfig,
+    args: &RawArgs,
+    ops: impl Iterator<Item = &'o Operand> + Clone,
+    in_place: bool,
+) -> Result<Option<NormView>> {
+    let Some(n) = &args.norm else { return Ok(None) };
+    let mut heads = ops.clone().map(|op| op.input.layout.heads());
+    let heads = [heads.next(), heads.next()];
+    let view = norm_view(n, config.head_dim, heads, config.dtype)?;
+    // The weights are read, never written: nothing an output covers.
+    let weights = [("q norm weight", n.q_weight), ("k norm weight", n.k_weight)];
+    for (what, w) in weights {
+        let Some(w) = w else { continue };
+        for op in ops.clone() {
+            check_disjoint((what, &w.tensor()), (if in_place { op.name } else { op.out_name }, &op.output))?;
         }
-    };
+    }
+    Ok(Some(view))
+}
 
-    let (batch, seq) = (qs[0], qs[1]);
-    let tokens = batch.saturating_mul(seq);
-    let positions = positions(&args.positions, batch, seq, config.max_position, config.mrope.is_some())?;
-    let pairs = pairs(config.rotary_dim, config.mrope.map(|m| m.bands()));
-    check_u32(&[
-        ("batch * seq", tokens),
-        ("q heads", qs[2]),
-        ("k heads", k.as_ref().map_or(0, |k| k.input.layout.heads())),
-    ])?;
+/// In place, whether `op`'s heads share 128-byte lines (see [`rope_width`]).
+fn shared_lines(op: &Operand, size: usize) -> bool {
+    (op.input.layout.strides[2] * size) % 128 != 0
+}
 
-    let (rot, hd) = (config.rotary_dim, config.head_dim);
-    let vector = vector_fits(config.style, hd, rot, size, ops().flat_map(|op| [&op.input, &op.output]));
-    let (rot_lanes, copy_width) = lanes(vector, config.style, rot, 16 / size);
-    // In place the dims past rotary_dim stay, unless a norm scales them.
-    let copy_lanes = if in_place && norm.is_none() { 0 } else { (hd - rot) / copy_width };
-    // The normed kernels: a head's lanes inside one warp.
-    let slots = match norm {
-        None => 0,
-        Some(_) if !vector => {
-            return Err(Error::Norm("the views must take 16-byte accesses (aligned addresses and strides)"));
-        }
-        Some(_) if rot_lanes + copy_lanes > 32 => {
-            return Err(Error::Norm("a head takes more than 32 lanes (head_dim above 256 in f16/bf16, 128 in f32)"));
-        }
-        Some(_) => lane_slots((rot_lanes + copy_lanes) as u64) as u32,
-    };
-    let view = |op: &Operand| heads_view(&op.input, Some(&op.output));
-    let params = RopeParams {
-        q: view(&q),
-        k: k.as_ref().map(view).unwrap_or_default(),
-        pairs,
-        source,
-        positions,
-        errors,
-        tokens: tokens as u32,
-        seq: seq as u32,
-        rot_lanes: rot_lanes as u32,
-        copy_lanes: copy_lanes as u32,
-        sin_sign: match args.direction {
-            Direction::Forward => 1.0,
-            Direction::Inverse => -1.0,
-        },
-        chunk: 0,
-        slots,
-        norm: norm.unwrap_or_default(),
-        k_group: 0,
-        items: 0,
-    };
-    let computed = source.source() == TableSource::Computed;
+/// The width, the heads per thread and whether the launch is of few tokens.
+fn rope_width(
+    config: &RopeConfig,
+    params: &RopeParams,
+    vector: bool,
+    shared_lines: bool,
+    in_place: bool,
+) -> (RopeWidth, u32, bool) {
+    let size = config.dtype.size();
+    let computed = params.source.source() == TableSource::Computed;
     let g = heads_per_thread(vector, config.style == RopeStyle::NeoX, size, computed);
     // In place with several heads per thread, heads whose rows share 128-byte lines run far
     // slower (the H200, Phi-3's head_dim 96 in bf16: 20.7% of copy bandwidth against 75% with
     // one head per thread; the same heads out of place: 87.6%), so those take one head each.
-    let shared_lines = ops().any(|op| (op.input.layout.strides[2] * size) % 128 != 0);
     // Few tokens (decode): several heads a thread would leave most of the GPU idle (64 tokens
     // of 32/8 heads of 128 in bf16: 20 blocks), and the launch is one thread's latency chain
     // long; one head a thread makes g times the threads and a g times shorter chain.
-    let few = params.tokens as u64 * work_per_token(&params, g) < FEW_THREADS;
+    let few = params.tokens as u64 * work_per_token(params, g) < FEW_THREADS;
     let one = match config.grouping {
         HeadGrouping::Auto => few || (in_place && shared_lines),
         HeadGrouping::One => true,
         HeadGrouping::Several => false,
     };
     // A whole-projection norm: one head a thread (its blocks hold a token's q heads, and its
-    // k heads, whole).
-    let whole = norm.is_some_and(|n| n.whole());
-    let one = one || whole;
-    // (The one-head kernels where `g` is 1 too: `_p`, not `_v` with one head, for the
-    // whole-projection norm, whose kernels are `_p` alone.)
-    let width = match (vector, (g > 1 && one) || whole) {
+    // k heads, whole). (The one-head kernels where `g` is 1 too: `_p`, not `_v` with one head,
+    // for the whole-projection norm, whose kernels are `_p` alone.)
+    let whole = params.norm.whole();
+    let width = match (vector, (g > 1 && (one || whole)) || whole) {
         (false, _) => RopeWidth::Scalar,
         (true, false) => RopeWidth::Vector,
         (true, true) => RopeWidth::Single,
     };
-    let g = if width == RopeWidth::Single { 1 } else { g };
-    // Few tokens: the block copies the angle table into shared memory while the positions
-    // load (the one-head kernels only; see `ComputedView::with_staged`).
-    let params = RopeParams { source: staged(source, few && g == 1), ..params };
-    let mrope = config.mrope.is_some();
-    let key = RopeKey {
-        style: config.style,
-        types: params.types(),
-        width,
-        mrope,
-        source: source.source(),
-        norm: norm.is_some(),
-        whole,
-    };
-    if key.entry_point().is_none() {
-        // Only the outputs' types can be without a kernel: the inputs' are the configuration's.
-        let outputs = [("q_out", args.q_out.as_ref()), ("k_out", args.k_out.as_ref())];
-        let bad = outputs.into_iter().find_map(|(what, t)| t.filter(|t| t.dtype != config.dtype).map(|t| (what, t)));
-        let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
-        return Err(Error::DType { what, expected: config.dtype, got });
-    }
-    // A whole-projection norm's kernels take k's first group and the items per token from the
-    // parameters, and blocks that hold a token's q heads and its k heads whole.
-    let (params, block) = match whole {
-        false => (params, BLOCK_THREADS),
-        true => {
-            let (q_heads, k_heads) = (params.q.heads as u64, params.k.heads as u64);
-            let (k_group, items, block) =
-                whole_rope_layout(q_heads, k_heads, params.slots as u64).ok_or(Error::Norm(WHOLE_TOO_LARGE))?;
-            (RopeParams { k_group, items, ..params }, block)
+    (width, if width == RopeWidth::Single { 1 } else { g }, few)
+}
+
+/// The key against the support table: its rule where no kernel takes it. Only the outputs'
+/// types can mix beyond the table: the inputs' are the configuration's.
+fn check_rope_key(config: &RopeConfig, args: &RawArgs, key: &RopeKey) -> Result<()> {
+    match key.variant() {
+        Some(v) => supported(&v).map_err(Error::from),
+        None => {
+            let outputs = [("q_out", args.q_out.as_ref()), ("k_out", args.k_out.as_ref())];
+            let bad =
+                outputs.into_iter().find_map(|(what, t)| t.filter(|t| t.dtype != config.dtype).map(|t| (what, t)));
+            let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
+            Err(Error::DType { what, expected: config.dtype, got })
         }
-    };
-    Ok(block_geometry(params.tokens, params.work(g) as u64, block)?.map(|(geometry, chunk)| {
-        let params = RopeParams { chunk, ..params };
-        let block = geometry.block.0;
-        let layout = params.shared(block, params.work(g), params.source.computed());
-        let shared = layout.with_norm_sums(params.norm.whole(), block);
-        Plan { key, params, shared, geometry }
-    }))
+    }
 }
 
 /// The launch geometry of [`RopeParams`]'s thread mapping (without a norm) for a kernel taking
@@ -612,6 +664,7 @@ mod tests {
     use crate::config::DType;
     use crate::layout::Layout;
     use crate::tensor::{PositionKind, RawPositions};
+    use rope_cuda_kernels::entries::Key;
     use rope_cuda_kernels::keys::RopeTypes;
     use rope_cuda_kernels::params::{block_tokens, block_tokens_max, work_item};
     use rope_cuda_kernels::views::ErrorRecord;

@@ -12,8 +12,9 @@ use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 use crate::launch::{check_axis, check_disjoint, check_view, Core};
 use crate::operand::{on_stream, Queue};
+use crate::rope::RawArgs;
 use crate::rope::{plan, Plan, RopeArgs};
-use crate::tensor::{PositionKind, RawArgs, RawTensor, Tensor};
+use crate::tensor::{PositionKind, RawTensor, Tensor};
 
 /// RoPE with cos and sin from the caller's tables: entry `[row, i]` of each rotates pair `i`
 /// of a token whose position is `row`, as given (the tables are taken as exact; the rotation

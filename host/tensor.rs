@@ -190,24 +190,3 @@ impl RawPositions {
     /// Positions `0..seq` in every sequence.
     pub const SEQUENTIAL: RawPositions = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
 }
-
-/// Everything one RoPE launch takes, as device addresses. Each tensor carries its element
-/// type: q's and k's must be the configuration's, and each output's one a kernel writes from
-/// them (so far: the same).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RawArgs {
-    /// The queries.
-    pub q: RawTensor,
-    /// Where rotated q goes; `None`: in place.
-    pub q_out: Option<RawTensor>,
-    /// The keys, if any.
-    pub k: Option<RawTensor>,
-    /// Where rotated k goes; `None`: in place. Present exactly when `q_out` is.
-    pub k_out: Option<RawTensor>,
-    /// The positions.
-    pub positions: RawPositions,
-    /// Forward or inverse rotation.
-    pub direction: crate::config::Direction,
-    /// QK-norm of each head of q and k before the rotation ([`crate::RopeArgs::norm`]).
-    pub norm: Option<crate::norm::RawNorm>,
-}

@@ -1,13 +1,12 @@
 //! Checks on the embedded PTX text of every architecture: what the kernels compiled to.
 //! (Registers and spills are checked with ptxas in `.ci/run`.)
 
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
-use rope_cuda_kernels::entries::axes::{
-    CALLER_WIDTHS, DEINTERLEAVED_WIDTHS, FP8_TYPES, KV_WIDTHS, NORM_WIDTHS, ROPE_NORM_WIDTHS, ROPE_WHOLE_WIDTHS,
-    ROPE_WIDTHS, ROWS, SOURCES, STYLES, TYPES, WHOLE_WIDTHS,
-};
-use rope_cuda_kernels::entries::EntryPoint;
+use rope_cuda_kernels::entries::{EntryPoint, Key};
+use rope_cuda_kernels::keys::{DType, KvKey, KvTypes, KvWidth, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource};
+use rope_cuda_kernels::support::{supported, variants, Source, Variant};
 use rope_cuda_kernels::tuning::KV_STREAMING;
 
 /// Every embedded architecture's PTX text, oldest first.
@@ -50,62 +49,97 @@ fn ptx_targets_its_arch() {
     }
 }
 
+/// The entry points of the support table's variants (RoPE and the KV append; not the claim,
+/// the read or the benchmark kernels).
+fn table_entry_points() -> BTreeSet<&'static str> {
+    all_entry_points()
+        .filter(|n| n.starts_with("rope_") || (n.starts_with("kv_") && *n != "kv_claim" && !n.starts_with("kv_read_")))
+        .collect()
+}
+
+/// The list is the support table: one entry point for each supported variant, named as the
+/// variant says, and no other (besides the claim, the reads and the benchmark kernels).
+#[test]
+fn entry_points_are_the_supported_variants() {
+    let table: Vec<Variant> = variants().collect();
+    let listed = table_entry_points();
+    assert_eq!(listed.len(), table.len());
+    for v in &table {
+        assert_eq!(listed.iter().filter(|n| v.is_named(n)).count(), 1, "{v:?}");
+    }
+    let others: Vec<_> = all_entry_points().filter(|n| !listed.contains(n)).collect();
+    assert_eq!(
+        others,
+        ["kv_claim", "kv_read_f32", "kv_read_f16", "kv_read_bf16"].into_iter().chain(BENCH).collect::<Vec<_>>()
+    );
+}
+
+/// The benchmark kernels (the tests build with the feature `bench-kernels`).
+const BENCH: [&str; 5] = ["bench_empty", "bench_spin", "bench_touch", "bench_touch_rows", "bench_fp8"];
+
+/// Every key the host can ask for, mixed operand types too: its entry point exists exactly
+/// where its variant is supported, and is the variant's.
+#[test]
+fn keys_find_the_entry_points_of_their_variants() {
+    let types = [DType::F32, DType::F16, DType::BF16, DType::E4M3, DType::E5M2];
+    let sources = [TableSource::Table, TableSource::Computed, TableSource::Caller];
+    let mut reached = BTreeSet::new();
+    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+        for (i, o, other) in types.iter().flat_map(|&i| types.iter().flat_map(move |&o| types.map(|x| (i, o, x)))) {
+            for (mrope, norm, whole) in [false, true]
+                .into_iter()
+                .flat_map(|m| [(false, false), (true, false), (true, true), (false, true)].map(|(n, w)| (m, n, w)))
+            {
+                for source in sources {
+                    for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
+                        for types in [
+                            RopeTypes { q: i, k: i, q_out: o, k_out: o },
+                            RopeTypes { k: other, ..RopeTypes { q: i, k: i, q_out: o, k_out: o } },
+                        ] {
+                            let key = RopeKey { style, types, width, mrope, source, norm, whole };
+                            reached.extend(check(key, key.variant()));
+                        }
+                    }
+                    for width in [KvWidth::Scalar, KvWidth::Decode, KvWidth::Prefill, KvWidth::Vector] {
+                        for deinterleave in [false, true] {
+                            let uniform = KvTypes { q: i, k: i, v: i, cache_k: o, cache_v: o };
+                            for types in
+                                [uniform, KvTypes { v: other, ..uniform }, KvTypes { cache_v: other, ..uniform }]
+                            {
+                                let key =
+                                    KvKey { style, types, width, tables: source, mrope, norm, whole, deinterleave };
+                                reached.extend(check(key, key.variant()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Every listed entry point was reached.
+    assert_eq!(reached, table_entry_points());
+}
+
+/// `key` has an entry point exactly where its variant is supported, the variant's.
+fn check<K: Key>(key: K, variant: Option<Variant>) -> Option<&'static str> {
+    let want = variant.filter(|v| supported(v).is_ok());
+    match (key.entry_point(), want) {
+        (Some(ep), Some(v)) => {
+            assert!(v.is_named(ep.name()), "{key:?}: {} is not {v:?}'s", ep.name());
+            Some(ep.name())
+        }
+        (None, None) => None,
+        (ep, _) => panic!("{key:?}: entry point {ep:?}, variant {variant:?} ({:?})", variant.map(|v| supported(&v))),
+    }
+}
+
 /// The `_v` and `_p` kernels (and MRoPE's `_v_m`, `_p_m`) move q and k only in 16-byte
 /// accesses; the `_s` kernels are the fallback for views whose addresses or dims do not allow it.
 #[test]
 fn vector_kernels_move_q_and_k_16_bytes_at_a_time() {
     let scalar = |n: &str| n.ends_with("_s") || n.contains("_s_");
     let vector: Vec<_> = named("rope_").into_iter().filter(|n| !scalar(n)).collect();
-    // The counts are the products of the axes the list is generated from.
-    let per_width = STYLES.len() * TYPES.len() * ROWS.len() * SOURCES.len();
-    // RoPE by the caller's tables (`_t`): each style and type, one row kind, every width; and
-    // the QK-norm's (`_n`, and `_w` for a whole projection) at their widths (all 16-byte),
-    // with each row kind and source.
-    let caller = STYLES.len() * TYPES.len();
-    let (normed, whole) = (per_width * ROPE_NORM_WIDTHS.len(), per_width * ROPE_WHOLE_WIDTHS.len());
-    let rope = (per_width + caller) * ROPE_WIDTHS.len() + normed + whole;
-    assert_eq!(vector.len(), (per_width + caller) * (ROPE_WIDTHS.len() - 1) + normed + whole);
-    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_n")).count(), normed);
-    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_w")).count(), whole);
-    assert_eq!(named("rope_").len(), rope);
-    assert_eq!(named("rope_").into_iter().filter(|n| n.ends_with("_t")).count(), caller * ROPE_WIDTHS.len());
-    // Every KV width with each row kind and source, into caches of the inputs' type and into
-    // FP8 ones; the caller's tables (GPT-J, one row) at their widths in each element type; the
-    // claim; the FP8 caches' read into each element type; the QK-norm's (`_n`, `_w`) at
-    // their widths, with each row kind, source and operand type; and the de-interleaved GPT-J
-    // pairs' (`kv_gptjd_`) at theirs and, normalizing MLA's kv_c, at the whole-projection
-    // norm's (`_w`), one row kind, each source and operand type.
-    let fp8_per_width = STYLES.len() * FP8_TYPES.len() * ROWS.len() * SOURCES.len();
-    let deint_widths = DEINTERLEAVED_WIDTHS.len() + WHOLE_WIDTHS.len();
-    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * deint_widths;
-    assert_eq!(named("kv_gptjd_").len(), deinterleaved);
-    let kv = per_width * KV_WIDTHS.len()
-        + deinterleaved
-        + fp8_per_width * KV_WIDTHS.len()
-        + (per_width + fp8_per_width) * (NORM_WIDTHS.len() + WHOLE_WIDTHS.len())
-        + TYPES.len() * CALLER_WIDTHS.len()
-        + 1
-        + TYPES.len();
-    assert_eq!(named("kv_read_").len(), TYPES.len());
-    assert_eq!(named("kv_").len(), kv);
-    // FP8 caches: every width.
-    let fp8_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
-    let fp8_deinterleaved = FP8_TYPES.len() * SOURCES.len() * deint_widths;
-    assert_eq!(
-        named("kv_").into_iter().filter(|n| n.contains("_fp8_")).count(),
-        fp8_per_width * fp8_widths + fp8_deinterleaved
-    );
-    assert_eq!(
-        named("kv_").into_iter().filter(|n| n.ends_with("_n")).count(),
-        (per_width + fp8_per_width) * NORM_WIDTHS.len()
-    );
-    assert_eq!(
-        named("kv_").into_iter().filter(|n| n.ends_with("_w")).count(),
-        (per_width + fp8_per_width) * WHOLE_WIDTHS.len()
-            + (TYPES.len() + FP8_TYPES.len()) * SOURCES.len() * WHOLE_WIDTHS.len()
-    );
-    // And the five benchmark kernels (the tests build with the feature `bench-kernels`).
-    assert_eq!(named("").len(), rope + kv + 5);
+    assert!(!vector.is_empty());
     // The KV kernels' vector entry points: 16-byte loads and stores of q, k, v and the cache,
     // 8-byte ones in the decode kernels `_d` (tables in the element type are read 2 bytes at
     // a time, through the read-only path).
@@ -190,17 +224,13 @@ fn computed_kernels_use_no_fp64() {
         .into_iter()
         .filter(|n| n.ends_with("_c") || n.ends_with("_c_n") || n.ends_with("_c_w"))
         .collect::<Vec<_>>();
-    let kv_widths = KV_WIDTHS.len() + NORM_WIDTHS.len() + WHOLE_WIDTHS.len();
-    let rope_widths = ROPE_WIDTHS.len() + ROPE_NORM_WIDTHS.len() + ROPE_WHOLE_WIDTHS.len();
-    // And the de-interleaved KV kernels' (one row kind, every operand type, with and without
-    // kv_c's norm).
-    let deinterleaved = (TYPES.len() + FP8_TYPES.len()) * (DEINTERLEAVED_WIDTHS.len() + WHOLE_WIDTHS.len());
-    assert_eq!(
-        computed.len(),
-        STYLES.len() * ROWS.len() * (TYPES.len() * (rope_widths + kv_widths) + FP8_TYPES.len() * kv_widths)
-            + deinterleaved,
-        "every RoPE and KV kernel of the library has a computed twin"
-    );
+    // Every RoPE and KV kernel of the library's table has a computed twin.
+    let table: Vec<Variant> = variants().collect();
+    for v in table.iter().filter(|v| v.source == Source::Table) {
+        let twin = Variant { source: Source::Computed, ..*v };
+        assert!(table.contains(&twin), "{v:?} has no computed twin");
+    }
+    assert_eq!(computed.len(), table.iter().filter(|v| v.source == Source::Computed).count());
     for (arch, ptx) in ALL.iter() {
         for &name in &computed {
             assert!(!body(ptx, name).contains(".f64"), "{arch} {name}: an FP64 instruction");

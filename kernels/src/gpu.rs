@@ -709,3 +709,34 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     // SAFETY: `trap` aborts the kernel; nothing runs after it.
     unsafe { nvptx::trap() }
 }
+
+/// Calls `f(j)` for each `j` in `0..n` (`n <= 8`), unrolled: after inlining every `j` is a
+/// constant, so the lane arrays `f` indexes stay in registers. (LLVM does not unroll the
+/// larger loop bodies by itself, and one dynamic index puts a whole array in local memory.)
+#[inline(always)]
+pub(crate) fn unrolled(n: usize, mut f: impl FnMut(usize)) {
+    if n > 0 {
+        f(0)
+    }
+    if n > 1 {
+        f(1)
+    }
+    if n > 2 {
+        f(2)
+    }
+    if n > 3 {
+        f(3)
+    }
+    if n > 4 {
+        f(4)
+    }
+    if n > 5 {
+        f(5)
+    }
+    if n > 6 {
+        f(6)
+    }
+    if n > 7 {
+        f(7)
+    }
+}

@@ -1,5 +1,9 @@
 //! Typed kernel keys: what the host asks for (operation, style, dtype, width, …). The list in
-//! [`crate::entries`] maps each key to its entry point.
+//! [`crate::entries`] maps each key to its entry point; [`RopeKey::variant`] and
+//! [`KvKey::variant`] name a key's variant of the support table ([`crate::support`]), which
+//! says whether the list has one.
+
+use crate::support::{Elem, Norm, Op, Pairs, Rows, Source, Store, Variant, Width};
 
 /// Which elements of a head are paired and rotated together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,8 +138,8 @@ pub enum TableSource {
     Caller,
 }
 
-/// A RoPE kernel (`rope_{style}_{types}_{width}[_m][_c][_n|_w]`), parameters
-/// [`crate::params::RopeParams`].
+/// A RoPE kernel (`rope_…`), parameters [`crate::params::RopeParams`]; which keys have one is
+/// [`crate::support`]'s table ([`RopeKey::variant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RopeKey {
     /// Pairing.
@@ -144,19 +148,19 @@ pub struct RopeKey {
     pub types: RopeTypes,
     /// Access width and heads per thread.
     pub width: RopeWidth,
-    /// Multimodal RoPE: three position streams per token (`_m`; widths `_s` and `_p` only).
+    /// Multimodal RoPE: three position streams per token (`_m`).
     pub mrope: bool,
-    /// The library's table or computed cos and sin (never the caller's).
+    /// The library's table, computed cos and sin, or the caller's tables.
     pub source: TableSource,
-    /// QK-norm of each head before the rotation (`_n`; widths `_v` and `_p`).
+    /// QK-norm of each head before the rotation (`_n`).
     pub norm: bool,
     /// With `norm`: the statistic over a token's whole q projection and whole k projection
-    /// (`_w` rather than `_n`, OLMo 2's; width `_p`).
+    /// (`_w` rather than `_n`, OLMo 2's).
     pub whole: bool,
 }
 
-/// A fused RoPE + KV append kernel (`kv_{style}_{types}_{width}[_t|_m][_c][_n|_w]`), parameters
-/// [`crate::params::KvParams`].
+/// A fused RoPE + KV append kernel (`kv_…`), parameters [`crate::params::KvParams`]; which keys
+/// have one is [`crate::support`]'s table ([`KvKey::variant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvKey {
     /// Pairing.
@@ -167,18 +171,15 @@ pub struct KvKey {
     pub width: KvWidth,
     /// The library's table, computed cos and sin, or the caller's tables.
     pub tables: TableSource,
-    /// Multimodal RoPE: three position streams per token (`_m`; library tables, widths `_s`,
-    /// `_d` and `_p` only).
+    /// Multimodal RoPE: three position streams per token (`_m`).
     pub mrope: bool,
-    /// QK-norm of q's and k's heads before the rotation (`_n`; the library's sources, widths
-    /// `_d`, `_p` and `_v`).
+    /// QK-norm of q's and k's heads before the rotation (`_n`).
     pub norm: bool,
     /// With `norm`: the statistic over a token's whole q projection and whole k projection
-    /// (`_w` rather than `_n`, OLMo 2's; widths `_d` and `_p`).
+    /// (`_w` rather than `_n`, OLMo 2's), or the values' one head alone (MLA's `kv_c`).
     pub whole: bool,
     /// GPT-J pairs written back de-interleaved (`kv_gptjd_…`): pair `i`'s two values at `i`
-    /// and `rotary_dim / 2 + i` of q and of the key cache (transformers' DeepSeek-V3 order;
-    /// widths `_d`, `_p` and `_v`, one position row, the library's sources, no norm).
+    /// and `rotary_dim / 2 + i` of q and of the key cache (transformers' DeepSeek-V3 order).
     pub deinterleave: bool,
 }
 
@@ -219,3 +220,107 @@ pub struct BenchTouchRows;
 #[cfg(feature = "bench")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchFp8;
+
+/// A key's operand types as the support table names them: one input type (q's, k's and v's
+/// alike) and the outputs' (the inputs' again, or FP8: either format for each output, one
+/// kernel serving both, the host checking they agree); `None` for a mix no kernel takes.
+fn table_types(inputs: [DType; 3], outputs: [DType; 2]) -> Option<(Elem, Store)> {
+    let elem = match inputs[0] {
+        DType::F32 => Elem::F32,
+        DType::F16 => Elem::F16,
+        DType::BF16 => Elem::Bf16,
+        DType::E4M3 | DType::E5M2 => return None,
+    };
+    if inputs[1] != inputs[0] || inputs[2] != inputs[0] {
+        return None;
+    }
+    match outputs.map(|o| o.fp8().is_some()) {
+        [true, true] => Some((elem, Store::Fp8)),
+        [false, false] if outputs == [inputs[0]; 2] => Some((elem, Store::Input)),
+        _ => None,
+    }
+}
+
+const fn table_source(s: TableSource) -> Source {
+    match s {
+        TableSource::Table => Source::Table,
+        TableSource::Computed => Source::Computed,
+        TableSource::Caller => Source::Caller,
+    }
+}
+
+/// The norm of a key's flags; `None` for `whole` without `norm`.
+const fn table_norm(norm: bool, whole: bool) -> Option<Norm> {
+    match (norm, whole) {
+        (false, false) => Some(Norm::None),
+        (false, true) => None,
+        (true, false) => Some(Norm::Head),
+        (true, true) => Some(Norm::Whole),
+    }
+}
+
+const fn table_rows(mrope: bool) -> Rows {
+    if mrope {
+        Rows::Streams
+    } else {
+        Rows::One
+    }
+}
+
+impl RopeKey {
+    /// The key as a variant of the support table; `None` where its operand types mix in a way
+    /// no kernel takes (an input of another type than q's, an output of another type than its
+    /// input's), or it sets `whole` without `norm`.
+    pub fn variant(&self) -> Option<Variant> {
+        let t = self.types;
+        let (elem, store) = table_types([t.q, t.k, t.k], [t.q_out, t.k_out])?;
+        Some(Variant {
+            op: Op::Rope,
+            pairs: match self.style {
+                RopeStyle::NeoX => Pairs::NeoX,
+                RopeStyle::GptJ => Pairs::GptJ,
+            },
+            elem,
+            store,
+            width: match self.width {
+                RopeWidth::Scalar => Width::Scalar,
+                RopeWidth::Vector => Width::Vector,
+                RopeWidth::Single => Width::Single,
+            },
+            rows: table_rows(self.mrope),
+            source: table_source(self.source),
+            norm: table_norm(self.norm, self.whole)?,
+        })
+    }
+}
+
+impl KvKey {
+    /// The key as a variant of the support table; `None` where its operand types mix in a way
+    /// no kernel takes (q, k and v of different types, caches of different types, or of a
+    /// 16- or 32-bit type other than the inputs'), it asks NeoX pairs de-interleaved, or it sets
+    /// `whole` without `norm`.
+    pub fn variant(&self) -> Option<Variant> {
+        let t = self.types;
+        let (elem, store) = table_types([t.k, t.q, t.v], [t.cache_k, t.cache_v])?;
+        Some(Variant {
+            op: Op::Kv,
+            pairs: match (self.style, self.deinterleave) {
+                (RopeStyle::NeoX, false) => Pairs::NeoX,
+                (RopeStyle::GptJ, false) => Pairs::GptJ,
+                (RopeStyle::GptJ, true) => Pairs::Deinterleaved,
+                (RopeStyle::NeoX, true) => return None,
+            },
+            elem,
+            store,
+            width: match self.width {
+                KvWidth::Scalar => Width::Scalar,
+                KvWidth::Decode => Width::Decode,
+                KvWidth::Prefill => Width::Single,
+                KvWidth::Vector => Width::Vector,
+            },
+            rows: table_rows(self.mrope),
+            source: table_source(self.tables),
+            norm: table_norm(self.norm, self.whole)?,
+        })
+    }
+}

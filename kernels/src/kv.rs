@@ -5,7 +5,8 @@
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, load_table, load_u8_nc, prefetch_l2, thread_idx, Elem, Io, One};
 use crate::mem::sync_threads;
-use crate::norm::{LaneAt, NormLane, Whole};
+use crate::norm::NormLane;
+use crate::norm_lane::{LaneAt, Whole};
 use crate::params::{work_item, KvParams, ReadParams};
 use crate::rotate::{BlockInputs, Entries, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::{KV_LOADS_AFTER_FILL, KV_PREFETCH_HEADS};
@@ -341,7 +342,7 @@ pub(crate) unsafe fn kv_append<
     // registers, not 64, and `_v_n` 102, not 96. Written out here: through a helper function,
     // it gave the computed `_v_c` 104 registers, not 72.)
     if KV_PREFETCH_HEADS && G > 1 && !NORM && item.is_some() {
-        crate::rotate::unrolled(G, |h| {
+        crate::gpu::unrolled(G, |h| {
             if h >= 1 && h < count {
                 // SAFETY: as the loads above, for head `h` of the item's rows.
                 unsafe {

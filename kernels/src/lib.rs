@@ -11,8 +11,9 @@
 //!   records, embedded in the parameter structs, with the methods that decode them;
 //! - [`params`]: one `#[repr(C)]` struct per kernel, passed by value at launch, and the
 //!   thread mapping ([`params::work_item`]) both sides compute;
-//! - [`keys`] and [`entries`]: typed kernel keys and the one list of entry points, from which
-//!   the device functions and the host's registry both come;
+//! - [`support`]: the kernel axes and the one rule set saying which of their combinations
+//!   exist; [`keys`] and [`entries`]: typed kernel keys and the list of entry points generated
+//!   from that table, from which the device functions and the host's registry both come;
 //! - [`math`]: `#[inline(always)]` arithmetic used by device and host alike; [`div`]: division
 //!   by launch constants; [`fp8`]: the 8-bit float formats (an architecture-specific
 //!   instruction behind one function, with its portable twin);
@@ -50,6 +51,7 @@ pub mod math;
 pub mod mem;
 pub mod norm;
 pub mod params;
+pub mod support;
 pub mod tuning;
 pub mod views;
 
@@ -59,6 +61,8 @@ mod bench;
 mod gpu;
 #[cfg(target_arch = "nvptx64")]
 mod kv;
+#[cfg(target_arch = "nvptx64")]
+mod norm_lane;
 #[cfg(target_arch = "nvptx64")]
 mod rope;
 #[cfg(target_arch = "nvptx64")]

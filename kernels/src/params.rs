@@ -176,11 +176,9 @@ pub fn groups(heads: u32, g: u32) -> u32 {
     heads.div_ceil(g)
 }
 
-/// Parameters of the RoPE kernels, `rope_{neox,gptj}_{f32,f16,bf16}_{s,v,p}[_m][_c]`, and their
-/// QK-norm twins `…_{v,p}[_m][_c]_n` and `…_p[_m][_c]_w` (each head of q and k normalized
-/// first, or `_w` each token's whole q and k projections, [`NormView`]; in place
-/// too, the dims past `rotary_dim` then taken by copying lanes), the products of
-/// [`crate::entries::axes`].
+/// Parameters of the RoPE kernels (`rope_…`: which exist is [`crate::support`]'s table; with a
+/// QK-norm, each head of q and k, or each token's whole q and k projections, normalized first,
+/// [`NormView`], in place too, the dims past `rotary_dim` then taken by copying lanes).
 ///
 /// Thread mapping ([`work_item`]): one-dimensional blocks walk the (token, work item) pairs in
 /// order, `work = (q_groups + k_groups) * lanes` items per token, `chunk` tokens per row of
@@ -241,12 +239,8 @@ pub struct RopeParams {
     pub items: u32,
 }
 
-/// Parameters of the KV-cache kernels `kv_{neox,gptj}_{f32,f16,bf16}[_fp8]_{s,d,p,v}[_m][_c]`
-/// (the library's table or computed cos and sin; `_fp8`: FP8 caches, either format), their
-/// QK-norm twins `…_{d,p,v}[_m][_c]_n` and `…_{d,p}[_m][_c]_w` (each head of q and k
-/// normalized first, or `_w` each token's whole q and k projections, [`NormView`]; q's
-/// lanes then include the copying ones, as k's), `kv_gptj_{f32,f16,bf16}_{s,v,d}_t` (the caller's
-/// tables, in the element type) and `kv_claim` (see [`crate::entries::axes`]).
+/// Parameters of the KV-cache kernels (`kv_…`: which exist is [`crate::support`]'s table; with
+/// a QK-norm, q's lanes include the copying ones, as k's, [`NormView`]) and of `kv_claim`.
 ///
 /// One launch per step: token `t` (batch `t / seq`) has its position (from `positions`) and
 /// a cache slot ([`CacheView::slot`]). The work items of a token (see [`work_item`] and

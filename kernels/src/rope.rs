@@ -2,7 +2,8 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::norm::{LaneAt, NormLane, Whole};
+use crate::norm::NormLane;
+use crate::norm_lane::{LaneAt, Whole};
 use crate::params::{block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockInputs, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;

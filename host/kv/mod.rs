@@ -1,0 +1,501 @@
+//! KV cache: the fused RoPE + append of one decode or prefill step ([`Rope::append_kv`]): the
+//! caches and the append's arguments here, its planner in `plan` (a pipeline of stages, FP8's
+//! in `scales`), and the dequantizing read of FP8 caches in `read`.
+
+use cust::sys as cuda;
+use rope_cuda_kernels::views::ErrorSink;
+
+use crate::config::RopeConfig;
+use crate::error::Result;
+use crate::launch::detached_source;
+use crate::layout::Layout;
+use crate::norm::{QkNorm, RawNorm};
+use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
+use crate::rope::Rope;
+use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
+
+mod plan;
+mod read;
+mod scales;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) use plan::KvPlan;
+pub(crate) use plan::{plan_kv, KvSpec};
+pub use read::{KvRead, RawKvRead};
+pub(crate) use scales::NEED_SCALES;
+
+/// Calls with more tokens than this settle duplicate slots with a small claim launch before
+/// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls
+/// (decode steps) settle them inside the one launch: each block compares its tokens' slots
+/// with the later tokens' in shared memory.
+pub const KV_SCAN_MAX_TOKENS: usize = 256;
+
+/// A key cache and a value cache of one layout, written by [`Rope::append_kv`].
+///
+/// The layout is 4-D, `[blocks, block_size, heads, head_dim]` with its own strides (head_dim
+/// contiguous): a contiguous cache's blocks are its sequences (`[batch, seq, heads, head_dim]`
+/// is [`Layout::bshd`], `[batch, heads, seq, head_dim]` is [`Layout::bhsd`]); a paged cache's
+/// are its pages (vLLM's flash layout `[num_blocks, block_size, heads, head_dim]` is
+/// `Layout::bshd(num_blocks, block_size, heads, head_dim)`, and
+/// `[num_blocks, heads, block_size, head_dim]` is `Layout::bhsd(num_blocks, heads, block_size,
+/// head_dim)`).
+///
+/// The key and the value cache are each any [`OperandMut`] of an [`Element`]: of the inputs'
+/// type, or both of one FP8 format ([`F8E4M3`](crate::F8E4M3), [`F8E5M2`](crate::F8E5M2)) with
+/// their scales ([`KvCache::scales`]).
+#[derive(Debug)]
+pub struct KvCache<'a> {
+    k: TensorMut<'a>,
+    v: TensorMut<'a>,
+    paged: bool,
+    scales: Option<KvScales<'a>>,
+}
+
+impl<'a> KvCache<'a> {
+    /// A contiguous cache: token `s` of sequence `b` goes to row `position` of block `b`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // [batch 4, 2 kv heads, 1024 positions, 128], as many engines keep it.
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; 4 * 2 * 1024 * 128])?, DeviceBuffer::from_slice(&vec![0.0f32; 4 * 2 * 1024 * 128])?);
+    /// let cache = KvCache::contiguous(&mut k, &mut v, Layout::bhsd(4, 2, 1024, 128));
+    /// # let _ = cache;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn contiguous(
+        k: impl OperandMut<'a, Elem: Element>,
+        v: impl OperandMut<'a, Elem: Element>,
+        layout: Layout,
+    ) -> Self {
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false, scales: None }
+    }
+
+    /// A cache of the views `k` and `v` (of one layout: the caller checks), paged or
+    /// contiguous.
+    #[cfg(feature = "candle")]
+    pub(crate) fn of_views(k: TensorMut<'a>, v: TensorMut<'a>, paged: bool) -> Self {
+        KvCache { k, v, paged, scales: None }
+    }
+
+    /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
+    /// `slot / block_size`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // vLLM's flash layout: [num_blocks 256, block_size 16, 8 kv heads, 128].
+    /// let n = 256 * 16 * 8 * 128;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; n])?, DeviceBuffer::from_slice(&vec![0.0f32; n])?);
+    /// let cache = KvCache::paged(&mut k, &mut v, Layout::bshd(256, 16, 8, 128));
+    /// assert!(cache.raw().paged);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn paged(k: impl OperandMut<'a, Elem: Element>, v: impl OperandMut<'a, Elem: Element>, layout: Layout) -> Self {
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true, scales: None }
+    }
+
+    /// The scales of FP8 caches, which FP8 caches need and others refuse: the code stored
+    /// for a value `x` is that of `x / scale` (the f32 quotient).
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{F8E4M3, KvCache, KvScales, Layout};
+    /// // An E4M3 cache of 64 pages of 16 slots, 8 kv heads, with one scale per kv head.
+    /// let n = 64 * 16 * 8 * 128;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![F8E4M3(0); n])?, DeviceBuffer::from_slice(&vec![F8E4M3(0); n])?);
+    /// let (ks, vs) = (DeviceBuffer::from_slice(&[0.5f32; 8])?, DeviceBuffer::from_slice(&[0.25f32; 8])?);
+    /// let cache = KvCache::paged(&mut k, &mut v, Layout::bshd(64, 16, 8, 128)).scales(KvScales::per_head(&ks, &vs));
+    /// assert!(cache.raw().scales.is_some_and(|s| s.per_head));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scales(mut self, scales: KvScales<'a>) -> Self {
+        self.scales = Some(scales);
+        self
+    }
+
+    /// The value cache viewed through `layout` rather than the key cache's: values of a
+    /// head_dim of their own (DeepSeek's MHA-style attention has 192-wide keys and 128-wide
+    /// values); the rest of the layout (blocks, block size, heads, strides) must stay the key
+    /// cache's.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // 64 pages of 16 slots, 16 kv heads; keys of 192, values of 128 in rows of 192.
+    /// let n = 64 * 16 * 16 * 192;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; n])?, DeviceBuffer::from_slice(&vec![0.0f32; n])?);
+    /// let keys = Layout::bshd(64, 16, 16, 192);
+    /// let values = Layout::strided([64, 16, 16, 128], keys.strides, 0);
+    /// let cache = KvCache::paged(&mut k, &mut v, keys).v_layout(values);
+    /// assert_eq!(cache.raw().v.layout.head_dim(), 128);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn v_layout(mut self, layout: Layout) -> Self {
+        self.v.raw.layout = layout;
+        self
+    }
+
+    /// The cache as device addresses, for [`Rope::append_kv_raw`].
+    pub fn raw(&self) -> RawKvCache {
+        RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged, scales: self.scales.as_ref().map(KvScales::raw) }
+    }
+}
+
+/// The f32 scales of FP8 caches ([`KvCache::scales`]), engines' two ways: one for all keys
+/// and one for all values, or one per kv head each. Read from device memory when each launch
+/// runs: an engine may update them in place between calls, and a replayed [`Graph`](crate::Graph)
+/// sees the new values.
+#[derive(Debug)]
+pub struct KvScales<'a> {
+    k: (u64, usize, Hold<'a>),
+    v: (u64, usize, Hold<'a>),
+    per_head: bool,
+}
+
+impl<'a> KvScales<'a> {
+    /// One scale for all keys (`k`, one f32) and one for all values (`v`).
+    pub fn per_tensor(k: impl Operand<'a, Elem = f32>, v: impl Operand<'a, Elem = f32>) -> Self {
+        KvScales { k: k.lend(), v: v.lend(), per_head: false }
+    }
+
+    /// One scale per kv head for the keys (`k`, one f32 per kv head) and for the values.
+    pub fn per_head(k: impl Operand<'a, Elem = f32>, v: impl Operand<'a, Elem = f32>) -> Self {
+        KvScales { k: k.lend(), v: v.lend(), per_head: true }
+    }
+
+    /// The scales as device addresses.
+    pub fn raw(&self) -> RawScales {
+        RawScales { k: (self.k.0, self.k.1), v: (self.v.0, self.v.1), per_head: self.per_head }
+    }
+}
+
+/// The scales of FP8 caches as device addresses and lengths in f32 ([`KvScales`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawScales {
+    /// The keys' scales: one f32, or one per kv head.
+    pub k: (u64, usize),
+    /// The values' scales, as many.
+    pub v: (u64, usize),
+    /// One scale per kv head (else one for all heads).
+    pub per_head: bool,
+}
+
+/// q rotated into an FP8 buffer ([`KvAppend::q_fp8`]), as device addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawQFp8 {
+    /// The FP8 output, of q's shape and the caches' format.
+    pub out: RawTensor,
+    /// q's scale: device address and length (one f32).
+    pub scale: (u64, usize),
+}
+
+/// A KV cache as device addresses (see [`KvCache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawKvCache {
+    /// The key cache.
+    pub k: RawTensor,
+    /// The value cache; its layout must equal the key cache's but in its head_dim, the
+    /// values' (the two may be views of one buffer that share no element: MLA's latent rows).
+    pub v: RawTensor,
+    /// Paged (slots given per token) or contiguous (positions name the rows).
+    pub paged: bool,
+    /// FP8 caches' scales (none for other caches).
+    pub scales: Option<RawScales>,
+}
+
+/// Everything one KV append takes ([`Rope::append_kv`]), built: new keys and values, the
+/// caches and the positions, then the optional parts where there are any (queries to rotate
+/// in the same launch, a paged cache's slot mapping). Each tensor is a view of its own
+/// buffer with its own element type.
+///
+/// ```no_run
+/// # use rope_cuda::{KvAppend, KvCache, Layout, Positions, Rope, Tensor, TensorMut};
+/// # use cust::memory::DeviceBuffer;
+/// # fn step(rope: &Rope, stream: &cust::stream::Stream, qkv: &mut DeviceBuffer<f32>, k: &DeviceBuffer<f32>,
+/// #         v: &DeviceBuffer<f32>, kc: &mut DeviceBuffer<f32>, vc: &mut DeviceBuffer<f32>,
+/// #         pos: &DeviceBuffer<i32>, slots: &DeviceBuffer<i64>) -> rope_cuda::Result<()> {
+/// let mut q = TensorMut::new(qkv, Layout::bshd(1, 4, 32, 128));
+/// let (k, v) = (Tensor::new(k, Layout::bshd(1, 4, 8, 128)), Tensor::new(v, Layout::bshd(1, 4, 8, 128)));
+/// let mut cache = KvCache::paged(kc, vc, Layout::bshd(64, 16, 8, 128));
+/// let append = KvAppend::new(&k, &v, &mut cache, Positions::ids_i32(pos)).q(&mut q).slots(slots);
+/// rope.append_kv(append, stream)
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct KvAppend<'r, 'a> {
+    q: Option<QArg<'r, 'a>>,
+    k: &'r Tensor<'a>,
+    v: &'r Tensor<'a>,
+    cache: &'r mut KvCache<'a>,
+    positions: Positions<'a>,
+    /// Address, length and hold of the slot mapping.
+    slots: Option<(u64, usize, Hold<'a>)>,
+    norm: Option<QkNorm<'a>>,
+}
+
+impl<'r, 'a> KvAppend<'r, 'a> {
+    /// An append of the new keys `k` (`[batch, seq, kv_heads, head_dim]`, rotated into the key
+    /// cache, not modified) and values `v` (the same but for their own head_dim, the value
+    /// cache's; copied into the value cache) into `cache` at `positions` (the rotation; and,
+    /// for contiguous caches, the row): no queries, no slot mapping (a contiguous cache). Add
+    /// them with [`KvAppend::q`] and [`KvAppend::slots`].
+    pub fn new(k: &'r Tensor<'a>, v: &'r Tensor<'a>, cache: &'r mut KvCache<'a>, positions: Positions<'a>) -> Self {
+        KvAppend { q: None, k, v, cache, positions, slots: None, norm: None }
+    }
+
+    /// Also rotates the queries `q` (`[batch, seq, q_heads, head_dim]`) in place, in the same
+    /// launch.
+    pub fn q(mut self, q: &'r mut TensorMut<'a>) -> Self {
+        self.q = Some(QArg::InPlace(q));
+        self
+    }
+
+    /// Also rotates the queries `q` into `out`, an FP8 buffer of q's shape and the caches'
+    /// format (FP8 caches only), each value divided by `scale`'s one f32 before the
+    /// conversion, as the caches' are: FP8 attention's queries. `q` itself is not modified.
+    pub fn q_fp8(mut self, q: &'r Tensor<'a>, out: &'r mut TensorMut<'a>, scale: impl Operand<'a, Elem = f32>) -> Self {
+        self.q = Some(QArg::Fp8(q, out, scale.lend()));
+        self
+    }
+
+    /// The slot mapping of a paged cache: one i64 per token (`-1`: padding, not written).
+    pub fn slots(mut self, slots: impl Operand<'a, Elem = i64>) -> Self {
+        self.slots = Some(slots.lend());
+        self
+    }
+
+    /// Normalizes each head of q and of k with `norm` before the rotation, in the same
+    /// launch (QK-norm: Qwen3, Gemma 3 and 4, Llama 4, …): the keys written to the cache and
+    /// q are normalized and rotated, with one rounding to their type; `k` is read, not
+    /// modified. The views must take 8- or 16-byte accesses (aligned addresses and strides,
+    /// as the fast kernels ask) and a head at most 32 lanes of 16 bytes (head_dim up to 512 in
+    /// f16/bf16, 256 in f32): otherwise [`Error::Norm`](crate::Error::Norm).
+    pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
+        self.norm = Some(norm);
+        self
+    }
+
+    /// The append as device addresses, for [`Rope::append_kv_raw`] and [`validate_append`].
+    pub fn raw(&self) -> RawKvArgs {
+        RawKvArgs {
+            q: self.q.as_ref().map(|q| match q {
+                QArg::InPlace(q) => q.raw,
+                QArg::Fp8(q, ..) => q.raw,
+            }),
+            q_fp8: match &self.q {
+                Some(QArg::Fp8(_, out, (ptr, len, _))) => Some(RawQFp8 { out: out.raw, scale: (*ptr, *len) }),
+                _ => None,
+            },
+            k: self.k.raw,
+            v: self.v.raw,
+            cache: self.cache.raw(),
+            positions: self.positions.raw(),
+            slots: self.slots.as_ref().map(|&(ptr, len, _)| (ptr, len)),
+            norm: self.norm.as_ref().map(QkNorm::raw),
+        }
+    }
+
+    /// Each buffer's name and hold.
+    fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 13] {
+        let (q, q_out, q_scale) = match &self.q {
+            None => (None, None, None),
+            Some(QArg::InPlace(q)) => (Some(&q.hold), None, None),
+            Some(QArg::Fp8(q, out, (_, _, scale))) => (Some(&q.hold), Some(&out.hold), Some(scale)),
+        };
+        let scales = self.cache.scales.as_ref();
+        [
+            ("q", q),
+            ("q out", q_out),
+            ("q scale", q_scale),
+            ("k", Some(&self.k.hold)),
+            ("v", Some(&self.v.hold)),
+            ("k cache", Some(&self.cache.k.hold)),
+            ("v cache", Some(&self.cache.v.hold)),
+            ("k scales", scales.map(|s| &s.k.2)),
+            ("v scales", scales.map(|s| &s.v.2)),
+            ("positions", Some(&self.positions.hold)),
+            ("slots", self.slots.as_ref().map(|(_, _, hold)| hold)),
+            ("q norm weight", self.norm.as_ref().and_then(|n| n.holds()[0])),
+            ("k norm weight", self.norm.as_ref().and_then(|n| n.holds()[1])),
+        ]
+    }
+}
+
+/// The queries of an append: rotated in place, or into an FP8 buffer with their scale.
+#[derive(Debug)]
+enum QArg<'r, 'a> {
+    InPlace(&'r mut TensorMut<'a>),
+    Fp8(&'r Tensor<'a>, &'r mut TensorMut<'a>, (u64, usize, Hold<'a>)),
+}
+
+/// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]). Each
+/// tensor carries its element type: q's, k's and v's must be the configuration's, and the
+/// caches' the same, or both one FP8 format (with scales).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawKvArgs {
+    /// Queries `[batch, seq, q_heads, head_dim]` to rotate in the same launch: in place, or,
+    /// with `q_fp8`, into an FP8 buffer.
+    pub q: Option<RawTensor>,
+    /// q's FP8 output and scale (FP8 caches only; needs `q`).
+    pub q_fp8: Option<RawQFp8>,
+    /// New keys `[batch, seq, kv_heads, head_dim]`, rotated into the key cache (not modified).
+    pub k: RawTensor,
+    /// New values, `k`'s shape but their own head_dim (the value cache's), copied into the
+    /// value cache.
+    pub v: RawTensor,
+    /// The caches.
+    pub cache: RawKvCache,
+    /// The tokens' positions (the rotation; and, for contiguous caches, the row).
+    pub positions: RawPositions,
+    /// Paged caches: device address and length of the i64 slot mapping, one per token
+    /// (`-1`: padding, not written).
+    pub slots: Option<(u64, usize)>,
+    /// QK-norm of q's and k's heads before the rotation ([`KvAppend::norm`]).
+    pub norm: Option<RawNorm>,
+}
+
+/// Checks `args` against `config` exactly as [`Rope::append_kv_raw`] does before it
+/// launches, without a GPU: `Ok` means that call would launch (or, with no work, return at
+/// once), `Err` is the typed error it would return. Reads no device memory (positions and
+/// slots are checked by the kernels, which skip and record those out of range).
+///
+/// ```
+/// use rope_cuda::{
+///     validate_append, DType, Error, Layout, PositionKind, RawKvArgs, RawKvCache, RawPositions, RawTensor, RopeConfig,
+/// };
+/// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
+/// let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
+/// let new = Layout::bshd(4, 1, 8, 128); // 4 sequences, one new token each, 8 kv heads
+/// let cache = Layout::bshd(64, 16, 8, 128); // 64 pages of 16 slots
+/// let args = RawKvArgs {
+///     q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
+///     q_fp8: None,
+///     k: t(2, new),
+///     v: t(3, new),
+///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
+///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
+///     slots: Some((7 << 30, 4)),
+///     norm: None,
+/// };
+/// assert_eq!(validate_append(&config, &args), Ok(()));
+/// let unpaged = RawKvArgs { slots: None, ..args };
+/// assert!(matches!(validate_append(&config, &unpaged), Err(Error::SlotMapping(_))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
+    config.validate()?;
+    let table = detached_source(config.rotary_dim, config.source());
+    plan_kv(&KvSpec::of(config), args, table, ErrorSink::default()).map(|_| ())
+}
+
+impl Rope {
+    /// One decode or prefill step in one launch: rotates `k` into the key cache and copies
+    /// `v` into the value cache at each token's slot, and, with `q`, rotates `q` in place.
+    ///
+    /// Contiguous caches take each token's row from its position (no slot mapping); paged
+    /// caches from the slot mapping ([`KvAppend::slots`]: one i64 per token, `-1` for padding,
+    /// which is skipped). The buffers are any [`Operand`]s (cust's or cudarc's), the stream any
+    /// [`Queue`].
+    /// A token whose position is outside the table (or, contiguous, the cache) is skipped
+    /// entirely and a slot outside the cache skips its writes; both are recorded and reported
+    /// by [`Rope::check_errors`]. When several tokens name one slot, the last one's key and
+    /// value are written. Values are copied bit for bit; nothing else in the caches changes.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::{CopyDestination, DeviceBuffer};
+    /// use rope_cuda::{KvAppend, KvCache, Layout, Positions, Rope, RopeConfig, Tensor};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 32))?;
+    /// // 2 sequences, 1 new token each, 2 kv heads; a contiguous cache of 32 positions.
+    /// let new = Layout::bshd(2, 1, 2, 64);
+    /// let (k, v) = (DeviceBuffer::from_slice(&vec![1.0f32; 256])?, DeviceBuffer::from_slice(&vec![2.0f32; 256])?);
+    /// let mut kc = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 32 * 2 * 64])?;
+    /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 2 * 32 * 2 * 64])?;
+    /// let pos = DeviceBuffer::from_slice(&[0i32, 5])?;
+    /// let (kt, vt) = (Tensor::new(&k, new), Tensor::new(&v, new));
+    /// let mut cache = KvCache::contiguous(&mut kc, &mut vc, Layout::bshd(2, 32, 2, 64));
+    /// rope.append_kv(KvAppend::new(&kt, &vt, &mut cache, Positions::ids_i32(&pos)), &stream)?;
+    /// rope.check_errors(&stream)?;
+    /// let mut values = vec![0.0f32; 2 * 32 * 2 * 64];
+    /// vc.copy_to(&mut values[..])?;
+    /// // Sequence 1's token went to row 5: its values are there, the row before is untouched.
+    /// let row = |s: usize, p: usize| (s * 32 + p) * 2 * 64;
+    /// assert!(values[row(1, 5)..row(1, 6)].iter().all(|&x| x == 2.0));
+    /// assert!(values[row(1, 4)..row(1, 5)].iter().all(|&x| x == 0.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn append_kv(&self, args: KvAppend<'_, '_>, stream: &impl Queue) -> Result<()> {
+        let stream = stream.raw(self.kernels())?;
+        // SAFETY: as in `Rope::apply`, for every buffer of the append.
+        on_stream(args.holds(), stream, || unsafe { self.append_kv_raw(&args.raw(), stream) })
+    }
+
+    /// [`Rope::append_kv`] on device addresses and a raw stream.
+    ///
+    /// Everything that can be checked without reading device memory is checked first, and
+    /// an `Err` means nothing was launched.
+    ///
+    /// # Safety
+    /// As [`Rope::apply_raw`]: each address is a live allocation of this context holding at
+    /// least `len` elements of its type, not freed or written by others until the work
+    /// queued on `stream` completes.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{DType, KvCache, Layout, PositionKind, RawKvArgs, RawPositions, RawTensor, Rope, RopeConfig};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 32))?;
+    /// let new = Layout::bshd(1, 2, 1, 64);
+    /// let (k, v) = (DeviceBuffer::from_slice(&vec![1.0f32; 128])?, DeviceBuffer::from_slice(&vec![2.0f32; 128])?);
+    /// let mut kc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
+    /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
+    /// let (pos, slots) = (DeviceBuffer::from_slice(&[3i32, 4])?, DeviceBuffer::from_slice(&[9i64, 10])?);
+    /// let raw = |b: &DeviceBuffer<f32>| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), DType::F32, new);
+    /// let args = RawKvArgs {
+    ///     q: None,
+    ///     q_fp8: None,
+    ///     k: raw(&k),
+    ///     v: raw(&v),
+    ///     cache: KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw(),
+    ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos.as_device_ptr().as_raw(), len: 2 },
+    ///     slots: Some((slots.as_device_ptr().as_raw(), 2)),
+    ///     norm: None,
+    /// };
+    /// // SAFETY: every address is a live allocation of this context of the length given, kept until
+    /// // `check_errors` synchronises.
+    /// unsafe { rope.append_kv_raw(&args, stream.as_inner())? };
+    /// rope.check_errors(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn append_kv_raw(&self, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.append_kv_spec(KvSpec::of(&self.config), args, stream) }
+    }
+
+    /// [`Rope::append_kv_raw`] with `spec` (the configuration's, and MLA's pair order).
+    ///
+    /// # Safety
+    /// As [`Rope::append_kv_raw`].
+    pub(crate) unsafe fn append_kv_spec(&self, spec: KvSpec, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
+        let Some(plan) = plan_kv(&spec, args, self.table.view(), self.core.records.sink())? else { return Ok(()) };
+        self.core.prepare(&plan.buffers(args), self.config.checked)?;
+        let checked = self.config.checked.then_some(self.config.max_position);
+        // SAFETY: the caller's contract; `prepare` passed.
+        unsafe { plan.launch(&self.core, stream, checked) }
+    }
+}
