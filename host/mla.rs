@@ -13,7 +13,7 @@
 use cust::sys as cuda;
 
 use crate::error::{Error, Result};
-use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache, RawScales, NEED_SCALES};
+use crate::kv::{plan_kv, KvCall, KvOperand, KvSpec, RawKvArgs, RawKvCache, RawScales};
 use crate::launch::detached_source;
 use crate::layout::Layout;
 use crate::norm::{RawMlaNorm, RawWeight};
@@ -317,33 +317,28 @@ impl RawMlaArgs {
 pub fn validate_mla(config: &RopeConfig, args: &RawMlaArgs) -> Result<()> {
     config.validate()?;
     let table = detached_source(config.rotary_dim, config.source());
-    let spec = KvSpec { deinterleave: args.deinterleaved, v_norm: args.kv_c_norm, ..KvSpec::of(config) };
-    plan_kv(&spec, &args.kv_args()?, table, ErrorSink::default()).map(|_| ()).map_err(mla_names)
+    plan_kv(&KvSpec::of(config), &mla_call(args), &args.kv_args()?, table, ErrorSink::default()).map(|_| ())
 }
 
-/// An error of the KV append, its operands named as the MLA append's caller knows them.
-fn mla_names(e: Error) -> Error {
-    let name = |what: &'static str| match what {
-        "q" => "q_pe",
-        "k" => "k_pe",
-        "v" => "kv_c",
-        "k cache" | "v cache" | "cache" => "latent cache",
-        "k scales" | "v scales" => "cache scale",
-        other => other,
-    };
-    match e {
-        Error::Rank { what, expected, got } => Error::Rank { what: name(what), expected, got },
-        Error::Shape { what, axis, expected, got } => Error::Shape { what: name(what), axis, expected, got },
-        Error::Length { what, shape, expected, got } => Error::Length { what: name(what), shape, expected, got },
-        Error::DType { what, expected, got } => Error::DType { what: name(what), expected, got },
-        Error::OutOfBounds { what, extent, len } => Error::OutOfBounds { what: name(what), extent, len },
-        Error::Overlap { what, shape, strides } => Error::Overlap { what: name(what), shape, strides },
-        Error::Aliasing { a, b } => Error::Aliasing { a: name(a), b: name(b) },
-        Error::Alignment { what, address, align } => Error::Alignment { what: name(what), address, align },
-        Error::Scales(_) if e == Error::Scales(NEED_SCALES) => {
-            Error::Scales("an FP8 latent cache needs its scale (MlaCache::scale)")
-        }
-        other => other,
+/// The MLA append as a call of the KV append: its options, and its operands' names.
+fn mla_call(args: &RawMlaArgs) -> KvCall {
+    KvCall {
+        deinterleave: args.deinterleaved,
+        v_norm: args.kv_c_norm,
+        names: mla_name,
+        need_scales: "an FP8 latent cache needs its scale (MlaCache::scale)",
+    }
+}
+
+/// The KV append's operands as the MLA append's caller knows them.
+fn mla_name(operand: KvOperand) -> &'static str {
+    match operand {
+        KvOperand::Q => "q_pe",
+        KvOperand::K => "k_pe",
+        KvOperand::V => "kv_c",
+        KvOperand::Cache | KvOperand::KCache | KvOperand::VCache => "latent cache",
+        KvOperand::KScales | KvOperand::VScales => "cache scale",
+        other => other.name(),
     }
 }
 
@@ -398,9 +393,8 @@ impl Rope {
     /// As [`Rope::append_kv_raw`], for every address of the append.
     pub unsafe fn append_mla_raw(&self, args: &RawMlaArgs, stream: cuda::CUstream) -> Result<()> {
         let kv = args.kv_args()?;
-        let spec = KvSpec { deinterleave: args.deinterleaved, v_norm: args.kv_c_norm, ..KvSpec::of(self.config()) };
         // SAFETY: the caller's contract, for the same buffers seen as a KV append.
-        unsafe { self.append_kv_spec(spec, &kv, stream) }.map_err(mla_names)
+        unsafe { self.append_kv_call(&mla_call(args), &kv, stream) }
     }
 }
 
@@ -446,8 +440,7 @@ mod tests {
     fn plan(a: &RawMlaArgs) -> crate::kv::KvPlan {
         let c = config();
         let source = detached_source(c.rotary_dim, c.source());
-        let spec = KvSpec { deinterleave: a.deinterleaved, v_norm: a.kv_c_norm, ..KvSpec::of(&c) };
-        plan_kv(&spec, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap()
+        plan_kv(&KvSpec::of(&c), &mla_call(a), &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap()
     }
 
     fn err(a: &RawMlaArgs) -> Error {
@@ -511,9 +504,10 @@ mod tests {
                     a = RawMlaArgs { deinterleaved, kv_c_norm: Some(RawMlaNorm { weight, eps: 1e-6 }), ..a };
                     let c = config().dtype(dtype);
                     let source = detached_source(c.rotary_dim, c.source());
-                    let spec = KvSpec { deinterleave: deinterleaved, v_norm: a.kv_c_norm, ..KvSpec::of(&c) };
+                    let (spec, call) = (KvSpec::of(&c), mla_call(&a));
                     let what = format!("{dtype:?} {t} {deinterleaved}");
-                    let p = plan_kv(&spec, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap();
+                    let p =
+                        plan_kv(&spec, &call, &a.kv_args().unwrap(), source, ErrorSink::default()).unwrap().unwrap();
                     assert!(p.key.norm && p.key.whole && p.key.entry_point().is_some(), "{what}: {:?}", p.key);
                     assert_eq!(p.key.deinterleave, deinterleaved, "{what}");
                     assert_eq!((p.params.norm.projections, p.params.norm.weights[2]), (V, 7 * BASE), "{what}");

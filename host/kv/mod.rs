@@ -22,9 +22,8 @@ mod tests;
 
 #[cfg(test)]
 pub(crate) use plan::KvPlan;
-pub(crate) use plan::{plan_kv, KvSpec};
+pub(crate) use plan::{plan_kv, KvCall, KvOperand, KvSpec};
 pub use read::{KvRead, RawKvRead};
-pub(crate) use scales::NEED_SCALES;
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
 /// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls
@@ -396,7 +395,7 @@ pub struct RawKvArgs {
 pub fn validate_append(config: &RopeConfig, args: &RawKvArgs) -> Result<()> {
     config.validate()?;
     let table = detached_source(config.rotary_dim, config.source());
-    plan_kv(&KvSpec::of(config), args, table, ErrorSink::default()).map(|_| ())
+    plan_kv(&KvSpec::of(config), &KvCall::APPEND, args, table, ErrorSink::default()).map(|_| ())
 }
 
 impl Rope {
@@ -484,15 +483,18 @@ impl Rope {
     /// ```
     pub unsafe fn append_kv_raw(&self, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { self.append_kv_spec(KvSpec::of(&self.config), args, stream) }
+        unsafe { self.append_kv_call(&KvCall::APPEND, args, stream) }
     }
 
-    /// [`Rope::append_kv_raw`] with `spec` (the configuration's, and MLA's pair order).
+    /// [`Rope::append_kv_raw`] with `call`'s options and names (the MLA append's).
     ///
     /// # Safety
     /// As [`Rope::append_kv_raw`].
-    pub(crate) unsafe fn append_kv_spec(&self, spec: KvSpec, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
-        let Some(plan) = plan_kv(&spec, args, self.table.view(), self.core.records.sink())? else { return Ok(()) };
+    pub(crate) unsafe fn append_kv_call(&self, call: &KvCall, args: &RawKvArgs, stream: cuda::CUstream) -> Result<()> {
+        let spec = KvSpec::of(&self.config);
+        let Some(plan) = plan_kv(&spec, call, args, self.table.view(), self.core.records.sink())? else {
+            return Ok(());
+        };
         self.core.prepare(&plan.buffers(args), self.config.checked)?;
         let checked = self.config.checked.then_some(self.config.max_position);
         // SAFETY: the caller's contract; `prepare` passed.

@@ -23,7 +23,7 @@ use crate::norm::{
     norm_view, value_norm_view, whole_kv_layout, whole_v_layout, RawMlaNorm, RawWeight, WHOLE_TOO_LARGE,
 };
 
-use super::scales::{fp8_stage, scale_tensor, Fp8Stage};
+use super::scales::{fp8_stage, scale_tensor, Fp8Stage, NEED_SCALES};
 use super::{RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 
 // The reference operation launches GPT-J kernels at the width `plan_kv` chose; its `_v_t`
@@ -40,11 +40,6 @@ pub(crate) struct KvSpec {
     pub max_position: usize,
     pub tables: TableSource,
     pub mrope: Option<Mrope>,
-    /// GPT-J pairs written back de-interleaved (MLA's option, [`crate::MlaAppend::deinterleaved`]).
-    pub deinterleave: bool,
-    /// The RMS norm of the values' one head (MLA's `kv_c`, [`crate::MlaAppend::kv_c_norm`]);
-    /// not with a QK-norm.
-    pub v_norm: Option<RawMlaNorm>,
 }
 
 impl KvSpec {
@@ -58,10 +53,69 @@ impl KvSpec {
             max_position: config.max_position,
             tables: config.source(),
             mrope: config.mrope,
-            deinterleave: false,
-            v_norm: None,
         }
     }
+}
+
+/// An append's operands, as its errors name them ([`KvCall::names`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KvOperand {
+    Q,
+    QOut,
+    QScale,
+    K,
+    V,
+    /// Both caches' one layout.
+    Cache,
+    KCache,
+    VCache,
+    KScales,
+    VScales,
+    QNormWeight,
+    KNormWeight,
+    VNormWeight,
+}
+
+impl KvOperand {
+    /// The KV append's own name of the operand.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvOperand::Q => "q",
+            KvOperand::QOut => "q out",
+            KvOperand::QScale => "q scale",
+            KvOperand::K => "k",
+            KvOperand::V => "v",
+            KvOperand::Cache => "cache",
+            KvOperand::KCache => "k cache",
+            KvOperand::VCache => "v cache",
+            KvOperand::KScales => "k scales",
+            KvOperand::VScales => "v scales",
+            KvOperand::QNormWeight => "q norm weight",
+            KvOperand::KNormWeight => "k norm weight",
+            KvOperand::VNormWeight => "kv_c norm weight",
+        }
+    }
+}
+
+/// What one call asks beyond the configuration: the MLA append's options, and the names its
+/// caller knows the operands by (the KV append's, or MLA's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvCall {
+    /// GPT-J pairs written back de-interleaved (MLA's option, [`crate::MlaAppend::deinterleaved`]).
+    pub deinterleave: bool,
+    /// The RMS norm of the values' one head (MLA's `kv_c`, [`crate::MlaAppend::kv_c_norm`]);
+    /// not with a QK-norm.
+    pub v_norm: Option<RawMlaNorm>,
+    /// Each operand's name in errors.
+    pub names: fn(KvOperand) -> &'static str,
+    /// What FP8 caches without scales are told.
+    pub need_scales: &'static str,
+}
+
+impl KvCall {
+    /// The KV append's: no MLA option, its own names.
+    pub const APPEND: KvCall =
+        KvCall { deinterleave: false, v_norm: None, names: KvOperand::name, need_scales: NEED_SCALES };
 }
 
 /// A validated KV launch.
@@ -130,7 +184,7 @@ impl KvPlan {
 /// The caches' one layout (the key cache's): the value cache's must equal it but in its
 /// head_dim where `v_head_dim` is free (the append: values may be wider or narrower than
 /// keys, as MLA's latent rows, [`MlaCache`](crate::MlaCache), whose two views share a buffer).
-pub(super) fn cache_layout(cache: &RawKvCache, v_head_dim: bool) -> Result<Layout> {
+pub(super) fn cache_layout(cache: &RawKvCache, v_head_dim: bool, n: fn(KvOperand) -> &'static str) -> Result<Layout> {
     let (cl, vl) = (cache.k.layout, cache.v.layout);
     let same = match v_head_dim {
         true => vl.shape[..3] == cl.shape[..3] && vl.strides == cl.strides,
@@ -138,7 +192,7 @@ pub(super) fn cache_layout(cache: &RawKvCache, v_head_dim: bool) -> Result<Layou
     };
     if !same {
         return Err(Error::Shape {
-            what: "v cache",
+            what: n(KvOperand::VCache),
             axis: match v_head_dim {
                 true => "layout (blocks, block size, heads and strides must equal the key cache's)",
                 false => "layout (must equal the key cache's)",
@@ -154,24 +208,25 @@ pub(super) fn cache_layout(cache: &RawKvCache, v_head_dim: bool) -> Result<Layou
 /// `spec.tables`) and `errors`; `None` when there is no work.
 pub(crate) fn plan_kv(
     spec: &KvSpec,
+    call: &KvCall,
     args: &RawKvArgs,
     source: SourceView,
     errors: ErrorSink,
 ) -> Result<Option<KvPlan>> {
     debug_assert_eq!(source.source(), spec.tables);
     // The operands every append checks, then each feature's stage.
-    let ops = operands(spec, args)?;
-    let norm = norm_stage(spec, args, &ops)?;
-    let cl = cache_stage(spec, &args.cache, &ops)?;
-    let fp8 = fp8_stage(args, ops.kv_heads)?;
-    check_apart(spec, args, &fp8)?;
-    let (positions, pairs) = rows_stage(spec, args, &ops, cl)?;
+    let ops = operands(spec, call, args)?;
+    let norm = norm_stage(spec, call, args, &ops)?;
+    let cl = cache_stage(spec, call, &args.cache, &ops)?;
+    let fp8 = fp8_stage(call, args, ops.kv_heads)?;
+    check_apart(call, args, &fp8)?;
+    let (positions, pairs) = rows_stage(spec, call, args, &ops, cl)?;
     if ops.tokens == 0 || ops.kv_heads == 0 {
         return Ok(None);
     }
-    deinterleave_stage(spec, args)?;
+    deinterleave_stage(spec, call, args)?;
     // One width from the features' constraints; the key it makes, against the support table.
-    let (shape, width, claim) = choose_width(spec, args, &ops, &fp8, norm.as_ref());
+    let (shape, width, claim) = choose_width(spec, call, args, &ops, &fp8, norm.as_ref());
     let (cache_k, cache_v) = (args.cache.k.dtype, args.cache.v.dtype);
     let key = KvKey {
         style: spec.style,
@@ -181,9 +236,9 @@ pub(crate) fn plan_kv(
         mrope: spec.mrope.is_some(),
         norm: norm.is_some(),
         whole: norm.is_some_and(|n| n.whole()),
-        deinterleave: spec.deinterleave,
+        deinterleave: call.deinterleave,
     };
-    check_key(spec, &key)?;
+    check_key(spec, call, &key)?;
     // The limits of the chosen width's geometry.
     let (rot_lanes, cw, k_lanes) = shape.lanes(width);
     if norm.is_some() && !shape.v_only && lane_slots(k_lanes as u64) > 32 {
@@ -191,7 +246,7 @@ pub(crate) fn plan_kv(
             "a head takes more than 32 lanes of 16 bytes (head_dim above 512 in f16/bf16, 256 in f32)",
         ));
     }
-    if spec.deinterleave && args.q.is_some() && fp8.q_fp8.is_none() && lane_slots(rot_lanes as u64) > 32 {
+    if call.deinterleave && args.q.is_some() && fp8.q_fp8.is_none() && lane_slots(rot_lanes as u64) > 32 {
         // In place, a head's lanes meet inside one warp between their loads and their stores.
         return Err(Error::Deinterleave("q in place with a head above 32 lanes"));
     }
@@ -274,10 +329,13 @@ struct Operands {
 
 /// The operand stage, shared by every append: q's, k's and v's types (the configuration's),
 /// shapes and views.
-fn operands(spec: &KvSpec, args: &RawKvArgs) -> Result<Operands> {
+fn operands(spec: &KvSpec, call: &KvCall, args: &RawKvArgs) -> Result<Operands> {
+    let n = call.names;
     // The inputs are of the configuration's type; the caches of one a kernel writes from it
     // (checked with the key).
-    for (what, t) in [("q", args.q.as_ref()), ("k", Some(&args.k)), ("v", Some(&args.v))] {
+    for (what, t) in
+        [(n(KvOperand::Q), args.q.as_ref()), (n(KvOperand::K), Some(&args.k)), (n(KvOperand::V), Some(&args.v))]
+    {
         match t {
             Some(t) if t.dtype != spec.dtype => return Err(Error::DType { what, expected: spec.dtype, got: t.dtype }),
             _ => {}
@@ -286,59 +344,60 @@ fn operands(spec: &KvSpec, args: &RawKvArgs) -> Result<Operands> {
     let hd = spec.head_dim;
     let ks = args.k.layout.shape;
     let (batch, seq, kv_heads) = (ks[0], ks[1], ks[2]);
-    check_axis("k", "head_dim", hd, ks[3])?;
+    check_axis(n(KvOperand::K), "head_dim", hd, ks[3])?;
     for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2)] {
-        check_axis("v", axis, ks[i], args.v.layout.shape[i])?;
+        check_axis(n(KvOperand::V), axis, ks[i], args.v.layout.shape[i])?;
     }
     // The values' own head_dim (copied, never rotated): the value cache's.
     let v_hd = args.v.layout.shape[3];
     if v_hd == 0 {
-        return Err(Error::Shape { what: "v", axis: "head_dim", expected: hd, got: 0 });
+        return Err(Error::Shape { what: n(KvOperand::V), axis: "head_dim", expected: hd, got: 0 });
     }
     if let Some(q) = &args.q {
         for (axis, i, want) in [("batch", 0, batch), ("seq", 1, seq), ("head_dim", 3, hd)] {
-            check_axis("q", axis, want, q.layout.shape[i])?;
+            check_axis(n(KvOperand::Q), axis, want, q.layout.shape[i])?;
         }
-        check_view("q", q)?;
-        check_written("q", &q.layout)?;
+        check_view(n(KvOperand::Q), q)?;
+        check_written(n(KvOperand::Q), &q.layout)?;
     }
-    check_view("k", &args.k)?;
-    check_view("v", &args.v)?;
+    check_view(n(KvOperand::K), &args.k)?;
+    check_view(n(KvOperand::V), &args.v)?;
     let q_heads = args.q.map_or(0, |q| q.layout.shape[2]);
     Ok(Operands { batch, seq, tokens: batch.saturating_mul(seq), q_heads, kv_heads, v_hd })
 }
 
 /// The cache stage: the caches' one layout (the value cache's in its own head_dim), their
 /// heads and head dims against the new rows', their views; returns the key cache's layout.
-fn cache_stage(spec: &KvSpec, cache: &RawKvCache, ops: &Operands) -> Result<Layout> {
-    let cl = cache_layout(cache, true)?;
-    check_axis("cache", "heads", ops.kv_heads, cl.shape[2])?;
-    check_axis("cache", "head_dim", spec.head_dim, cl.shape[3])?;
-    check_axis("v cache", "head_dim", ops.v_hd, cache.v.layout.shape[3])?;
-    check_view("k cache", &cache.k)?;
-    check_view("v cache", &cache.v)?;
-    check_written("cache", &cl)?;
-    check_written("v cache", &cache.v.layout)?;
+fn cache_stage(spec: &KvSpec, call: &KvCall, cache: &RawKvCache, ops: &Operands) -> Result<Layout> {
+    let n = call.names;
+    let cl = cache_layout(cache, true, n)?;
+    check_axis(n(KvOperand::Cache), "heads", ops.kv_heads, cl.shape[2])?;
+    check_axis(n(KvOperand::Cache), "head_dim", spec.head_dim, cl.shape[3])?;
+    check_axis(n(KvOperand::VCache), "head_dim", ops.v_hd, cache.v.layout.shape[3])?;
+    check_view(n(KvOperand::KCache), &cache.k)?;
+    check_view(n(KvOperand::VCache), &cache.v)?;
+    check_written(n(KvOperand::Cache), &cl)?;
+    check_written(n(KvOperand::VCache), &cache.v.layout)?;
     Ok(cl)
 }
 
 /// What is written (q in place or its FP8 output, both caches) shares nothing with anything
 /// else the launch touches, the scales and norm weights included.
-fn check_apart(spec: &KvSpec, args: &RawKvArgs, fp8: &Fp8Stage) -> Result<()> {
-    let (cache, q_fp8) = (&args.cache, fp8.q_fp8);
+fn check_apart(call: &KvCall, args: &RawKvArgs, fp8: &Fp8Stage) -> Result<()> {
+    let (cache, q_fp8, n) = (&args.cache, fp8.q_fp8, call.names);
     let entries = [
-        ("q", args.q, q_fp8.is_none()),
-        ("q out", q_fp8.map(|o| o.out), true),
-        ("k", Some(args.k), false),
-        ("v", Some(args.v), false),
-        ("k cache", Some(cache.k), true),
-        ("v cache", Some(cache.v), true),
-        ("k scales", cache.scales.map(|s| scale_tensor(s.k)), false),
-        ("v scales", cache.scales.map(|s| scale_tensor(s.v)), false),
-        ("q scale", q_fp8.map(|o| scale_tensor(o.scale)), false),
-        ("q norm weight", args.norm.and_then(|n| n.q_weight).map(RawWeight::tensor), false),
-        ("k norm weight", args.norm.and_then(|n| n.k_weight).map(RawWeight::tensor), false),
-        ("kv_c norm weight", spec.v_norm.map(|n| n.weight.tensor()), false),
+        (n(KvOperand::Q), args.q, q_fp8.is_none()),
+        (n(KvOperand::QOut), q_fp8.map(|o| o.out), true),
+        (n(KvOperand::K), Some(args.k), false),
+        (n(KvOperand::V), Some(args.v), false),
+        (n(KvOperand::KCache), Some(cache.k), true),
+        (n(KvOperand::VCache), Some(cache.v), true),
+        (n(KvOperand::KScales), cache.scales.map(|s| scale_tensor(s.k)), false),
+        (n(KvOperand::VScales), cache.scales.map(|s| scale_tensor(s.v)), false),
+        (n(KvOperand::QScale), q_fp8.map(|o| scale_tensor(o.scale)), false),
+        (n(KvOperand::QNormWeight), args.norm.and_then(|w| w.q_weight).map(RawWeight::tensor), false),
+        (n(KvOperand::KNormWeight), args.norm.and_then(|w| w.k_weight).map(RawWeight::tensor), false),
+        (n(KvOperand::VNormWeight), call.v_norm.map(|w| w.weight.tensor()), false),
     ];
     for (i, &(wn, w, written)) in entries.iter().enumerate() {
         for (j, &(on, o, o_written)) in entries.iter().enumerate() {
@@ -354,7 +413,13 @@ fn check_apart(spec: &KvSpec, args: &RawKvArgs, fp8: &Fp8Stage) -> Result<()> {
 /// The rows stage: which row each token writes (a paged cache's slot mapping; a contiguous
 /// cache's positions, up to its length), its positions view (MRoPE's streams into paged caches
 /// only) and the pairs' frequencies; the counts the kernels index in 32 bits.
-fn rows_stage(spec: &KvSpec, args: &RawKvArgs, ops: &Operands, cl: Layout) -> Result<(PositionsView, Pairs)> {
+fn rows_stage(
+    spec: &KvSpec,
+    call: &KvCall,
+    args: &RawKvArgs,
+    ops: &Operands,
+    cl: Layout,
+) -> Result<(PositionsView, Pairs)> {
     let (blocks, block_size) = (cl.shape[0], cl.shape[1]);
     let (batch, seq, tokens) = (ops.batch, ops.seq, ops.tokens);
     if spec.mrope.is_some() && !args.cache.paged {
@@ -375,7 +440,7 @@ fn rows_stage(spec: &KvSpec, args: &RawKvArgs, ops: &Operands, cl: Layout) -> Re
         if args.slots.is_some() {
             return Err(Error::SlotMapping("a contiguous cache takes its rows from the positions, not slots"));
         }
-        check_axis("cache", "batch", batch, blocks)?;
+        check_axis((call.names)(KvOperand::Cache), "batch", batch, blocks)?;
         spec.max_position.min(block_size)
     };
     let positions = positions(&args.positions, batch, seq, limit, spec.mrope.is_some())?;
@@ -391,8 +456,8 @@ fn rows_stage(spec: &KvSpec, args: &RawKvArgs, ops: &Operands, cl: Layout) -> Re
 
 /// The de-interleaved pairs' stage (MLA's option): GPT-J pairs, and no QK-norm (kv_c's norm is
 /// taken). The rest of their rules are the support table's; their lane limit, the geometry's.
-fn deinterleave_stage(spec: &KvSpec, args: &RawKvArgs) -> Result<()> {
-    match spec.deinterleave {
+fn deinterleave_stage(spec: &KvSpec, call: &KvCall, args: &RawKvArgs) -> Result<()> {
+    match call.deinterleave {
         true if spec.style != RopeStyle::GptJ => Err(Error::Deinterleave("GPT-J (interleaved) pairs only")),
         true if args.norm.is_some() => Err(Error::Deinterleave("no QK-norm with them (kv_c's norm is taken)")),
         _ => Ok(()),
@@ -441,6 +506,7 @@ impl Shape {
 /// each feature's constraint on them, and whether duplicates are claimed.
 fn choose_width(
     spec: &KvSpec,
+    call: &KvCall,
     args: &RawKvArgs,
     ops: &Operands,
     fp8: &Fp8Stage,
@@ -451,7 +517,7 @@ fn choose_width(
     let cache = &args.cache;
     let views = [args.q, fp8.q_fp8.map(|o| o.out), Some(args.k), Some(args.v), Some(cache.k), Some(cache.v)];
     let vector = vector_fits(spec.style, hd, rot, size, views.iter().flatten()) && ops.v_hd % (16 / size) == 0;
-    let v_only = spec.v_norm.is_some();
+    let v_only = call.v_norm.is_some();
     let (q_heads, kv_heads) = (ops.q_heads, ops.kv_heads);
     let shape = Shape {
         style: spec.style,
@@ -495,12 +561,13 @@ fn choose_width(
 
 /// The key against the support table: its rule where no kernel takes it. Only the caches'
 /// types can mix beyond the table: the inputs' are the configuration's.
-fn check_key(spec: &KvSpec, key: &KvKey) -> Result<()> {
+fn check_key(spec: &KvSpec, call: &KvCall, key: &KvKey) -> Result<()> {
     match key.variant() {
         Some(v) => supported(&v).map_err(Error::from),
         None => {
-            let caches = [("k cache", key.types.cache_k), ("v cache", key.types.cache_v)];
-            let (what, got) = caches.into_iter().find(|&(_, d)| d != spec.dtype).unwrap_or(("k cache", spec.dtype));
+            let (k, v) = ((call.names)(KvOperand::KCache), (call.names)(KvOperand::VCache));
+            let caches = [(k, key.types.cache_k), (v, key.types.cache_v)];
+            let (what, got) = caches.into_iter().find(|&(_, d)| d != spec.dtype).unwrap_or((k, spec.dtype));
             Err(Error::DType { what, expected: spec.dtype, got })
         }
     }
@@ -508,8 +575,8 @@ fn check_key(spec: &KvSpec, key: &KvKey) -> Result<()> {
 
 /// The norm stage: a QK-norm's view, or the values' one head's (MLA's `kv_c`); neither with
 /// the caller's tables, not both.
-fn norm_stage(spec: &KvSpec, args: &RawKvArgs, ops: &Operands) -> Result<Option<NormView>> {
-    match (&args.norm, &spec.v_norm) {
+fn norm_stage(spec: &KvSpec, call: &KvCall, args: &RawKvArgs, ops: &Operands) -> Result<Option<NormView>> {
+    match (&args.norm, &call.v_norm) {
         (Some(_), _) | (_, Some(_)) if spec.tables == TableSource::Caller => {
             Err(Error::Norm("the reference update (the caller's tables) takes no norm"))
         }
@@ -519,7 +586,7 @@ fn norm_stage(spec: &KvSpec, args: &RawKvArgs, ops: &Operands) -> Result<Option<
             Ok(Some(norm_view(n, spec.head_dim, heads, spec.dtype)?))
         }
         (None, Some(n)) => {
-            check_axis("v", "heads (one, normalized: MLA's kv_c)", 1, ops.kv_heads)?;
+            check_axis((call.names)(KvOperand::V), "heads (one, normalized: MLA's kv_c)", 1, ops.kv_heads)?;
             Ok(Some(value_norm_view(n, ops.v_hd, spec.dtype)?))
         }
         (None, None) => Ok(None),

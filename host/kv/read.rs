@@ -14,7 +14,7 @@ use crate::operand::{on_stream, Hold, Operand, Queue};
 use crate::rope::Rope;
 use crate::tensor::{RawTensor, TensorMut};
 
-use super::plan::cache_layout;
+use super::plan::{cache_layout, KvCall, KvOperand};
 use super::scales::check_scales;
 use super::{KvCache, RawKvCache};
 
@@ -98,11 +98,11 @@ pub(super) fn plan_read(args: &RawKvRead, errors: ErrorSink) -> Result<Option<(R
     if cache.v.dtype != cache.k.dtype {
         return Err(Error::DType { what: "v cache", expected: cache.k.dtype, got: cache.v.dtype });
     }
-    let cl = cache_layout(cache, false)?;
+    let cl = cache_layout(cache, false, KvOperand::name)?;
     check_view("k cache", &cache.k)?;
     check_view("v cache", &cache.v)?;
     let (blocks, block_size, heads, hd) = (cl.shape[0], cl.shape[1], cl.shape[2], cl.shape[3]);
-    let scales = check_scales(cache, true, heads)?.expect("FP8 caches have checked scales");
+    let scales = check_scales(cache, true, heads, &KvCall::APPEND)?.expect("FP8 caches have checked scales");
     let (slots, rows) = args.slots;
     if slots % 8 != 0 {
         return Err(Error::Alignment { what: "slots", address: slots, align: 8 });

@@ -5,6 +5,7 @@ use crate::config::DType;
 use crate::error::{Error, Result};
 use crate::launch::{check_axis, check_view, check_written};
 
+use super::plan::{KvCall, KvOperand};
 use super::{RawKvArgs, RawKvCache, RawQFp8, RawScales};
 
 /// What an FP8 cache without scales is told.
@@ -20,13 +21,13 @@ pub(super) struct Fp8Stage {
 /// The caches' one format, their scales, and q's FP8 output: the caches both of one FP8 format
 /// or neither, the scales given exactly for FP8 caches, an FP8 output of q only with q and
 /// FP8 caches, of their format and q's shape, with one scale.
-pub(super) fn fp8_stage(args: &RawKvArgs, kv_heads: usize) -> Result<Fp8Stage> {
-    let cache = &args.cache;
+pub(super) fn fp8_stage(call: &KvCall, args: &RawKvArgs, kv_heads: usize) -> Result<Fp8Stage> {
+    let (cache, n) = (&args.cache, call.names);
     let fp8 = cache.k.dtype.fp8();
     if fp8.is_some() && cache.v.dtype != cache.k.dtype {
-        return Err(Error::DType { what: "v cache", expected: cache.k.dtype, got: cache.v.dtype });
+        return Err(Error::DType { what: n(KvOperand::VCache), expected: cache.k.dtype, got: cache.v.dtype });
     }
-    let scales = check_scales(cache, fp8.is_some(), kv_heads)?;
+    let scales = check_scales(cache, fp8.is_some(), kv_heads, call)?;
     let q_fp8 = match (args.q_fp8, &args.q) {
         (None, _) => None,
         (Some(_), None) => return Err(Error::Scales("an FP8 output of q needs q (RawKvArgs::q)")),
@@ -35,14 +36,14 @@ pub(super) fn fp8_stage(args: &RawKvArgs, kv_heads: usize) -> Result<Fp8Stage> {
         }
         (Some(o), Some(q)) => {
             if o.out.dtype != cache.k.dtype {
-                return Err(Error::DType { what: "q out", expected: cache.k.dtype, got: o.out.dtype });
+                return Err(Error::DType { what: n(KvOperand::QOut), expected: cache.k.dtype, got: o.out.dtype });
             }
             for (axis, i) in [("batch", 0), ("seq", 1), ("heads", 2), ("head_dim", 3)] {
-                check_axis("q out", axis, q.layout.shape[i], o.out.layout.shape[i])?;
+                check_axis(n(KvOperand::QOut), axis, q.layout.shape[i], o.out.layout.shape[i])?;
             }
-            check_view("q out", &o.out)?;
-            check_written("q out", &o.out.layout)?;
-            check_scale("q scale", o.scale, 1)?;
+            check_view(n(KvOperand::QOut), &o.out)?;
+            check_written(n(KvOperand::QOut), &o.out.layout)?;
+            check_scale(n(KvOperand::QScale), o.scale, 1)?;
             Some(o)
         }
     };
@@ -50,16 +51,17 @@ pub(super) fn fp8_stage(args: &RawKvArgs, kv_heads: usize) -> Result<Fp8Stage> {
 }
 
 /// The scales of `cache`, checked: FP8 caches (`fp8`) need them, others take none; each
-/// buffer holds one f32, or, per head, one per kv head, and is aligned for f32.
-pub(super) fn check_scales(cache: &RawKvCache, fp8: bool, kv_heads: usize) -> Result<Option<RawScales>> {
+/// buffer holds one f32, or, per head, one per kv head, and is aligned for f32 (named as
+/// `call` names them).
+pub(super) fn check_scales(cache: &RawKvCache, fp8: bool, kv_heads: usize, call: &KvCall) -> Result<Option<RawScales>> {
     match (cache.scales, fp8) {
         (None, false) => Ok(None),
-        (None, true) => Err(Error::Scales(NEED_SCALES)),
+        (None, true) => Err(Error::Scales(call.need_scales)),
         (Some(_), false) => Err(Error::Scales("only FP8 caches take scales")),
         (Some(s), true) => {
             let n = if s.per_head { kv_heads } else { 1 };
-            check_scale("k scales", s.k, n)?;
-            check_scale("v scales", s.v, n)?;
+            check_scale((call.names)(KvOperand::KScales), s.k, n)?;
+            check_scale((call.names)(KvOperand::VScales), s.v, n)?;
             Ok(Some(s))
         }
     }

@@ -15,7 +15,7 @@ use rope_cuda_kernels::views::CacheKind;
 
 /// [`super::plan_kv`] without tables or records, as [`validate_append`] plans.
 fn plan_kv(spec: &KvSpec, args: &RawKvArgs) -> Result<Option<KvPlan>> {
-    super::plan_kv(spec, args, detached_source(spec.rotary_dim, spec.tables), ErrorSink::default())
+    super::plan_kv(spec, &KvCall::APPEND, args, detached_source(spec.rotary_dim, spec.tables), ErrorSink::default())
 }
 
 const BASE: u64 = 1 << 28;

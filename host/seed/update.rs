@@ -13,7 +13,7 @@ use crate::config::{DType, RopeStyle};
 use crate::driver;
 use crate::error::{Error, Result};
 use crate::kernels::Kernels;
-use crate::kv::{plan_kv, KvSpec, RawKvArgs, RawKvCache};
+use crate::kv::{plan_kv, KvCall, KvSpec, RawKvArgs, RawKvCache};
 use crate::launch::Core;
 use crate::layout::Layout;
 use crate::operand::{on_stream, Element, Operand, OperandMut, Queue};
@@ -283,11 +283,9 @@ impl KvUpdate {
             max_position: s,
             tables: TableSource::Caller,
             mrope: None,
-            deinterleave: false,
-            v_norm: None,
         };
         let table = SourceView::Caller(CallerView::new(cos.0, sin.0));
-        let plan = plan_kv(&spec, &args, table, self.core.records.sink())?;
+        let plan = plan_kv(&spec, &KvCall::APPEND, &args, table, self.core.records.sink())?;
         let devices = inputs.map(|(what, ptr, _)| (what, ptr));
         self.core.prepare(&devices, false)?;
         self.core.prepare(&[("out", out.0)], false)?;
