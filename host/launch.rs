@@ -10,6 +10,7 @@ use cust::sys as cuda;
 use rope_cuda_kernels::entries::Key;
 use rope_cuda_kernels::keys::{RopeStyle, TableSource};
 use rope_cuda_kernels::params::gptj_lane;
+use rope_cuda_kernels::support::{supported, Variant};
 use rope_cuda_kernels::views::{
     CallerView, ComputedView, HeadsView, MropeBands, Pairs, PositionKind, PositionsView, SourceView, TableView,
 };
@@ -297,5 +298,23 @@ impl Core {
         // SAFETY: the callers pass a live stream of the kernels' context.
         unsafe { driver::stream_synchronize(stream) }?;
         self.records.take(max_position)
+    }
+}
+
+/// Whether the kernel list has `key`'s entry point (the launch's one lookup); if not, why:
+/// the support table's rule that refuses its `variant`, or `types()` where its operand types
+/// mix in a way the table has no variant for.
+pub(crate) fn check_supported<K: Key>(
+    key: K,
+    variant: impl FnOnce() -> Option<Variant>,
+    types: impl FnOnce() -> Error,
+) -> Result<()> {
+    if key.entry_point().is_some() {
+        return Ok(());
+    }
+    match variant() {
+        // Supported yet listless: a bug of the generator, which the PTX tests would catch.
+        Some(v) => Err(supported(&v).map_or_else(Error::from, |()| Error::NoKernel { key: format!("{key:?}") })),
+        None => Err(types()),
     }
 }

@@ -6,7 +6,6 @@ use cust::sys as cuda;
 use rope_cuda_kernels::keys::{RopeKey, RopeWidth, TableSource};
 use rope_cuda_kernels::norm::NormView;
 use rope_cuda_kernels::params::{groups, heads_per_thread, lane_slots, RopeParams};
-use rope_cuda_kernels::support::supported;
 use rope_cuda_kernels::tuning::{BLOCK_THREADS, ROPE_FEW_THREADS as FEW_THREADS};
 use rope_cuda_kernels::views::{ErrorSink, SourceView};
 
@@ -14,8 +13,8 @@ use crate::config::{Direction, HeadGrouping, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::{Geometry, Kernels};
 use crate::launch::{
-    block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, detached_source, heads_view,
-    lanes, pairs, positions, staged, vector_fits, Core,
+    block_geometry, check_axis, check_disjoint, check_supported, check_u32, check_view, check_written, detached_source,
+    heads_view, lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
 use crate::operand::{on_stream, Hold, Queue};
@@ -634,16 +633,17 @@ fn rope_width(
 /// The key against the support table: its rule where no kernel takes it. Only the outputs'
 /// types can mix beyond the table: the inputs' are the configuration's.
 fn check_rope_key(config: &RopeConfig, args: &RawArgs, key: &RopeKey) -> Result<()> {
-    match key.variant() {
-        Some(v) => supported(&v).map_err(Error::from),
-        None => {
+    check_supported(
+        *key,
+        || key.variant(),
+        || {
             let outputs = [("q_out", args.q_out.as_ref()), ("k_out", args.k_out.as_ref())];
             let bad =
                 outputs.into_iter().find_map(|(what, t)| t.filter(|t| t.dtype != config.dtype).map(|t| (what, t)));
             let (what, got) = bad.map_or(("q", config.dtype), |(what, t)| (what, t.dtype));
-            Err(Error::DType { what, expected: config.dtype, got })
-        }
-    }
+            Error::DType { what, expected: config.dtype, got }
+        },
+    )
 }
 
 /// The launch geometry of [`RopeParams`]'s thread mapping (without a norm) for a kernel taking

@@ -84,10 +84,7 @@ fn types(v: &Variant) -> String {
 /// One line of the list: the entry point's name, its key pattern and its body's generic
 /// arguments.
 fn row(out: &mut String, v: &Variant) {
-    let name: String = {
-        let [op, pairs, elem, store, width, rows, source, norm] = v.parts();
-        [op, "_", pairs, "_", elem, store, "_", width, rows, source, norm].concat()
-    };
+    let name = v.name();
     let style = match v.pairs {
         Pairs::NeoX => "NeoX",
         Pairs::GptJ => "GptJ",

@@ -1,6 +1,6 @@
 //! KV cache: the fused RoPE + append of one decode or prefill step ([`Rope::append_kv`]): the
 //! caches and the append's arguments here, its planner in `plan` (a pipeline of stages, FP8's
-//! in `scales`), and the dequantizing read of FP8 caches in `read`.
+//! in `scales`, a call's options and operand names in `call`), and the dequantizing read of FP8 caches in `read`.
 
 use cust::sys as cuda;
 use rope_cuda_kernels::views::ErrorSink;
@@ -14,15 +14,17 @@ use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
 
+mod call;
 mod plan;
 mod read;
 mod scales;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use call::{KvCall, KvOperand};
 #[cfg(test)]
 pub(crate) use plan::KvPlan;
-pub(crate) use plan::{plan_kv, KvCall, KvOperand, KvSpec};
+pub(crate) use plan::{plan_kv, KvSpec};
 pub use read::{KvRead, RawKvRead};
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before

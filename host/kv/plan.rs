@@ -7,7 +7,6 @@ use cust::sys as cuda;
 use rope_cuda_kernels::keys::{KvKey, KvTypes, KvWidth, TableSource};
 use rope_cuda_kernels::norm::NormView;
 use rope_cuda_kernels::params::{groups, kv_heads_per_thread, kv_segments, lane_slots, FastDiv, KvParams};
-use rope_cuda_kernels::support::supported;
 use rope_cuda_kernels::tuning::{BLOCK_THREADS, KV_PREFILL_MAX_TOKENS};
 use rope_cuda_kernels::views::{CacheView, ErrorSink, OwnerView, Pairs, PositionsView, ScalesView, SourceView};
 
@@ -15,15 +14,14 @@ use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{
-    block_geometry, check_axis, check_disjoint, check_u32, check_view, check_written, heads_view, lanes, pairs,
-    positions, staged, vector_fits, Core,
+    block_geometry, check_axis, check_disjoint, check_supported, check_u32, check_view, check_written, heads_view,
+    lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
-use crate::norm::{
-    norm_view, value_norm_view, whole_kv_layout, whole_v_layout, RawMlaNorm, RawWeight, WHOLE_TOO_LARGE,
-};
+use crate::norm::{norm_view, value_norm_view, whole_kv_layout, whole_v_layout, RawWeight, WHOLE_TOO_LARGE};
 
-use super::scales::{fp8_stage, scale_tensor, Fp8Stage, NEED_SCALES};
+use super::call::{KvCall, KvOperand};
+use super::scales::{fp8_stage, scale_tensor, Fp8Stage};
 use super::{RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 
 // The reference operation launches GPT-J kernels at the width `plan_kv` chose; its `_v_t`
@@ -55,67 +53,6 @@ impl KvSpec {
             mrope: config.mrope,
         }
     }
-}
-
-/// An append's operands, as its errors name them ([`KvCall::names`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KvOperand {
-    Q,
-    QOut,
-    QScale,
-    K,
-    V,
-    /// Both caches' one layout.
-    Cache,
-    KCache,
-    VCache,
-    KScales,
-    VScales,
-    QNormWeight,
-    KNormWeight,
-    VNormWeight,
-}
-
-impl KvOperand {
-    /// The KV append's own name of the operand.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvOperand::Q => "q",
-            KvOperand::QOut => "q out",
-            KvOperand::QScale => "q scale",
-            KvOperand::K => "k",
-            KvOperand::V => "v",
-            KvOperand::Cache => "cache",
-            KvOperand::KCache => "k cache",
-            KvOperand::VCache => "v cache",
-            KvOperand::KScales => "k scales",
-            KvOperand::VScales => "v scales",
-            KvOperand::QNormWeight => "q norm weight",
-            KvOperand::KNormWeight => "k norm weight",
-            KvOperand::VNormWeight => "kv_c norm weight",
-        }
-    }
-}
-
-/// What one call asks beyond the configuration: the MLA append's options, and the names its
-/// caller knows the operands by (the KV append's, or MLA's).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KvCall {
-    /// GPT-J pairs written back de-interleaved (MLA's option, [`crate::MlaAppend::deinterleaved`]).
-    pub deinterleave: bool,
-    /// The RMS norm of the values' one head (MLA's `kv_c`, [`crate::MlaAppend::kv_c_norm`]);
-    /// not with a QK-norm.
-    pub v_norm: Option<RawMlaNorm>,
-    /// Each operand's name in errors.
-    pub names: fn(KvOperand) -> &'static str,
-    /// What FP8 caches without scales are told.
-    pub need_scales: &'static str,
-}
-
-impl KvCall {
-    /// The KV append's: no MLA option, its own names.
-    pub const APPEND: KvCall =
-        KvCall { deinterleave: false, v_norm: None, names: KvOperand::name, need_scales: NEED_SCALES };
 }
 
 /// A validated KV launch.
@@ -562,15 +499,16 @@ fn choose_width(
 /// The key against the support table: its rule where no kernel takes it. Only the caches'
 /// types can mix beyond the table: the inputs' are the configuration's.
 fn check_key(spec: &KvSpec, call: &KvCall, key: &KvKey) -> Result<()> {
-    match key.variant() {
-        Some(v) => supported(&v).map_err(Error::from),
-        None => {
+    check_supported(
+        *key,
+        || key.variant(),
+        || {
             let (k, v) = ((call.names)(KvOperand::KCache), (call.names)(KvOperand::VCache));
             let caches = [(k, key.types.cache_k), (v, key.types.cache_v)];
             let (what, got) = caches.into_iter().find(|&(_, d)| d != spec.dtype).unwrap_or((k, spec.dtype));
-            Err(Error::DType { what, expected: spec.dtype, got })
-        }
-    }
+            Error::DType { what, expected: spec.dtype, got }
+        },
+    )
 }
 
 /// The norm stage: a QK-norm's view, or the values' one head's (MLA's `kv_c`); neither with

@@ -14,7 +14,8 @@ use crate::operand::{on_stream, Hold, Operand, Queue};
 use crate::rope::Rope;
 use crate::tensor::{RawTensor, TensorMut};
 
-use super::plan::{cache_layout, KvCall, KvOperand};
+use super::call::{KvCall, KvOperand};
+use super::plan::cache_layout;
 use super::scales::check_scales;
 use super::{KvCache, RawKvCache};
 

@@ -5,11 +5,8 @@ use crate::config::DType;
 use crate::error::{Error, Result};
 use crate::launch::{check_axis, check_view, check_written};
 
-use super::plan::{KvCall, KvOperand};
+use super::call::{KvCall, KvOperand};
 use super::{RawKvArgs, RawKvCache, RawQFp8, RawScales};
-
-/// What an FP8 cache without scales is told.
-pub(crate) const NEED_SCALES: &str = "FP8 caches need their scales (KvCache::scales)";
 
 /// The FP8 stage's result: the caches' scales (FP8 caches only) and q's FP8 output.
 #[derive(Debug, Clone, Copy)]

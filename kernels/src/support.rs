@@ -301,16 +301,16 @@ impl Variant {
         ]
     }
 
-    /// Whether `name` is this variant's entry point's name.
-    pub fn is_named(&self, name: &str) -> bool {
+    /// The entry point's name (host side: the generator's and the tests').
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn name(&self) -> String {
         let [op, pairs, elem, store, width, rows, source, norm] = self.parts();
-        let mut rest = name;
-        for part in [op, "_", pairs, "_", elem, store, "_", width, rows, source, norm] {
-            match rest.strip_prefix(part) {
-                Some(r) => rest = r,
-                None => return false,
-            }
-        }
-        rest.is_empty()
+        [op, "_", pairs, "_", elem, store, "_", width, rows, source, norm].concat()
+    }
+
+    /// Whether `name` is this variant's entry point's name.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name() == name
     }
 }
