@@ -217,10 +217,10 @@ fn fast_quotients_within_their_bound_keep_the_code() {
     assert!(near > 1000 && near_redone > near / 4, "{near_redone} of {near} near midpoints redone");
 }
 
-/// The exact `a * b + c * d + e * f + g * h` of f32 operands, rounded to the nearest f32:
-/// each product is exact in f64, their sum is kept as a double-double, and a tie of the f32
-/// rounding is settled by the low part.
-fn exact_dot4(t: [(f32, f32); 4]) -> f32 {
+/// The exact `a * b + c * d + e * f + g * h` of f32 operands, rounded to the nearest f32,
+/// and the exact value itself as a double-double `(hi, lo)`: each product is exact in f64,
+/// their sum is kept in two parts, and a tie of the f32 rounding is settled by the low part.
+fn exact_dot4(t: [(f32, f32); 4]) -> (f32, f64, f64) {
     let two_sum = |a: f64, b: f64| {
         let s = a + b;
         let bb = s - a;
@@ -237,21 +237,25 @@ fn exact_dot4(t: [(f32, f32); 4]) -> f32 {
     let half = (r.next_up() as f64 - r as f64).min(r as f64 - r.next_down() as f64) / 2.0;
     if diff.abs() == half && lo != 0.0 {
         // hi is a midpoint: the low part decides.
-        return if (lo > 0.0) == (diff > 0.0) { (hi + diff) as f32 } else { (hi - diff) as f32 };
+        let r = if (lo > 0.0) == (diff > 0.0) { (hi + diff) as f32 } else { (hi - diff) as f32 };
+        return (r, hi, lo);
     }
-    r
+    (r, hi, lo)
 }
 
-/// `rotate_pair_rounded` is the f32 nearest the exact rotation by the split cos and sin,
-/// unless the rotation cancels to below about 2^-20 of its inputs (then within an ulp and
-/// 2^-46 of the terms: its sum before the last rounding is that close); the fast rotation
-/// often misses it.
+/// `rotate_pair_rounded` is the f32 nearest the exact rotation by the split cos and sin
+/// unless the exact value lies within the sum's error of a rounding boundary: its sum before
+/// the last rounding is within a few 2^-48 of the terms (five roundings of error terms, each
+/// at most 2^-48 of them; `math::dot2_rounded`), so the result may be any f32 that a value
+/// that close rounds to, and no other. Most cases are away from every boundary and must be
+/// the nearest f32 itself; half of them cancel, where the window spans ulps of the result.
+/// The fast rotation often misses the nearest f32.
 #[test]
 fn the_rounded_rotation_is_the_nearest_f32() {
     use rope_cuda::reference::splitmix64;
     use rope_cuda_kernels::math::{rotate_pair_fast, rotate_pair_rounded, split_f64};
     let seed = common::test_seed("fp8::the_rounded_rotation_is_the_nearest_f32");
-    let (mut fast_off, mut n, mut cancelled) = (0, 0, 0);
+    let (mut fast_off, mut n, mut cancelled, mut not_nearest) = (0, 0, 0, 0);
     for i in 0..200_000u64 {
         let r = splitmix64(seed ^ i);
         let x0 = f32::from_bits(0x3F00_0000 | (r as u32 & 0x7F_FFFF)) * if r >> 63 == 1 { -1.0 } else { 1.0 };
@@ -266,21 +270,32 @@ fn the_rounded_rotation_is_the_nearest_f32() {
         let (y0, y1) = rotate_pair_rounded(x0, x1, cs, ss);
         let e0 = exact_dot4([(x0, cs.0), (x0, cs.1), (-x1, ss.0), (-x1, ss.1)]);
         let e1 = exact_dot4([(x1, cs.0), (x1, cs.1), (x0, ss.0), (x0, ss.1)]);
-        let scale = (x0.abs() + x1.abs()) as f64;
-        for (y, e) in [(y0, e0), (y1, e1)] {
-            if (e.abs() as f64) < scale * 2f64.powi(-20) {
-                cancelled += 1;
-                // Within the sum's error (2^-46 of the terms), rounded: an ulp of the result.
-                let (err, ulp) = ((y as f64 - e as f64).abs(), (e.abs().next_up() - e.abs()) as f64);
-                assert!(err <= scale * 2f64.powi(-46) + ulp, "({x0:e}, {x1:e}) at {angle}: {y:e} vs {e:e}");
-            } else {
-                assert_eq!(y, e, "({x0:e}, {x1:e}) at {angle}");
+        // |cos|, |sin| <= 1: the terms are at most |x0| + |x1|.
+        let window = (x0.abs() + x1.abs()) as f64 * 2f64.powi(-45);
+        for (y, (nearest, hi, lo)) in [(y0, e0), (y1, e1)] {
+            let cancels = nearest.abs() < (x0.abs() + x1.abs()) * 2f32.powi(-20);
+            cancelled += usize::from(cancels);
+            if y == nearest {
+                continue;
             }
+            // y is allowed only if every boundary between it and the nearest f32 lies within
+            // the window of the exact value; the farthest is the midpoint next to y.
+            not_nearest += usize::from(!cancels);
+            let inward = if nearest > y { y.next_up() } else { y.next_down() };
+            let boundary = (y as f64 + inward as f64) / 2.0;
+            let distance = ((hi - boundary) + lo).abs();
+            assert!(
+                distance <= window,
+                "({x0:e}, {x1:e}) at {angle}: {y:e}, nearest {nearest:e}, {distance:e} from a boundary"
+            );
         }
         let (f0, f1) = rotate_pair_fast(x0, x1, cs.0, ss.0);
-        fast_off += usize::from(f0 != e0) + usize::from(f1 != e1);
+        fast_off += usize::from(f0 != e0.0) + usize::from(f1 != e1.0);
         n += 2;
     }
+    eprintln!("{not_nearest} of {n} not cancelled and not the nearest f32, {cancelled} cancelled, fast {fast_off} off");
+    // Where the rotation does not cancel, the window is a few millionths of an ulp.
+    assert!(not_nearest <= n / 10_000, "{not_nearest} of {n}");
     // The fast rotation is not enough for FP8's double rounding: it misses often.
     assert!(fast_off > n / 100, "{fast_off} of {n}");
     assert!(cancelled > 1000 && cancelled <= n / 2, "{cancelled}");
