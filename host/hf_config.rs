@@ -627,7 +627,33 @@ fn parse(
         None => (head_dim as f64 * fraction) as usize,
     };
 
-    let mrope = match params.get("mrope_section") {
+    let mrope = mrope_of(top, params)?;
+    let rope_type = match (params.get("rope_type"), params.get("type")) {
+        (Some(Value::String(t)), _) | (None, Some(Value::String(t))) => t.as_str(),
+        (None | Some(Value::Null), None | Some(Value::Null)) => "default",
+        _ => return Err(invalid("rope_type", "expected a string")),
+    };
+    // The pretraining length: a top-level `original_max_position_embeddings` wins (Phi-3
+    // keeps it there), then the parameters', then `max_position_embeddings`.
+    let original = match integer(top, "original_max_position_embeddings")? {
+        Some(o) => o,
+        None => integer(params, "original_max_position_embeddings")?.unwrap_or(max_position),
+    };
+    let scaling = scaling_of(rope_type, params, (max_position, original), (head_dim, fraction), &mut rotary_dim)?;
+    let (style, dtype) = (style_of(top, outer_type)?, dtype_of(top));
+    Ok(RopeConfig::new(head_dim, max_position)
+        .rotary_dim(rotary_dim)
+        .base(base)
+        .style(style)
+        .dtype(dtype)
+        .scaling(scaling)
+        .mrope(mrope))
+}
+
+/// MRoPE's sections and order (`mrope_section`, `mrope_interleaved` in the parameters or at the
+/// top level), if the parameters name sections.
+fn mrope_of(top: &Map<String, Value>, params: &Map<String, Value>) -> Parse<Option<Mrope>> {
+    Ok(match params.get("mrope_section") {
         None | Some(Value::Null) => None,
         Some(Value::Array(items)) if items.len() == 3 => {
             let mut sections = [0usize; 3];
@@ -645,19 +671,20 @@ fn parse(
             Some(Mrope::new(sections, interleaved))
         }
         Some(_) => return Err(invalid("mrope_section", "expected three non-negative integers")),
-    };
-    let rope_type = match (params.get("rope_type"), params.get("type")) {
-        (Some(Value::String(t)), _) | (None, Some(Value::String(t))) => t.as_str(),
-        (None | Some(Value::Null), None | Some(Value::Null)) => "default",
-        _ => return Err(invalid("rope_type", "expected a string")),
-    };
-    // The pretraining length: a top-level `original_max_position_embeddings` wins (Phi-3
-    // keeps it there), then the parameters', then `max_position_embeddings`.
-    let original = match integer(top, "original_max_position_embeddings")? {
-        Some(o) => o,
-        None => integer(params, "original_max_position_embeddings")?.unwrap_or(max_position),
-    };
-    let scaling = match rope_type {
+    })
+}
+
+/// The scaling of `rope_type` from its parameters, with the model's `max_position_embeddings`
+/// and pretraining length (`original`), its head dim and rotary fraction; `proportional`
+/// rotates pairs across the whole head (`rotary_dim` set to `head_dim`).
+fn scaling_of(
+    rope_type: &str,
+    params: &Map<String, Value>,
+    (max_position, original): (usize, usize),
+    (head_dim, fraction): (usize, f64),
+    rotary_dim: &mut usize,
+) -> Parse<RopeScaling> {
+    Ok(match rope_type {
         // Qwen2-VL's older configs name MRoPE as the type; its sections say the rest.
         "default" | "mrope" => RopeScaling::Default,
         "linear" => RopeScaling::Linear { factor: required(params, "factor")? },
@@ -710,16 +737,19 @@ fn parse(
         },
         "proportional" => {
             // Pairs span the whole head; the fraction decides how many rotate.
-            rotary_dim = head_dim;
+            *rotary_dim = head_dim;
             RopeScaling::Proportional {
                 partial_rotary_factor: fraction,
                 factor: number(params, "factor")?.unwrap_or(1.0),
             }
         }
         other => return Err(ConfigError::UnknownRopeType(other.to_string())),
-    };
+    })
+}
 
-    let style = match top.get("rope_interleave") {
+/// The pairing style: `rope_interleave`, else the model types known to pair interleaved.
+fn style_of(top: &Map<String, Value>, outer_type: &str) -> Parse<RopeStyle> {
+    Ok(match top.get("rope_interleave") {
         Some(Value::Bool(true)) => RopeStyle::GptJ,
         Some(Value::Bool(false)) => RopeStyle::NeoX,
         None | Some(Value::Null) => {
@@ -731,17 +761,14 @@ fn parse(
             }
         }
         Some(_) => return Err(invalid("rope_interleave", "expected true or false")),
-    };
-    let dtype = match top.get("torch_dtype").or(top.get("dtype")).and_then(Value::as_str) {
+    })
+}
+
+/// The checkpoint's element type (`torch_dtype` or `dtype`; f32 where neither names a half type).
+fn dtype_of(top: &Map<String, Value>) -> DType {
+    match top.get("torch_dtype").or(top.get("dtype")).and_then(Value::as_str) {
         Some("bfloat16") => DType::BF16,
         Some("float16") => DType::F16,
         _ => DType::F32,
-    };
-    Ok(RopeConfig::new(head_dim, max_position)
-        .rotary_dim(rotary_dim)
-        .base(base)
-        .style(style)
-        .dtype(dtype)
-        .scaling(scaling)
-        .mrope(mrope))
+    }
 }

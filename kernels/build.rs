@@ -104,6 +104,11 @@ fn row(out: &mut String, v: &Variant) {
         Rows::Streams => (true, "StreamRows"),
     };
     let (norm, whole) = (v.norm != Norm::None, v.norm == Norm::Whole);
+    let norm_ty = match v.norm {
+        Norm::None => "NoNorm",
+        Norm::Head => "HeadNorm",
+        Norm::Whole => "WholeNorm",
+    };
 
     let access = io(v);
     match v.op {
@@ -124,7 +129,7 @@ fn row(out: &mut String, v: &Variant) {
             };
             writeln!(
                 out,
-                "        {name} {{ style: {key_style}, types: {}, width: {width}, mrope: {mrope}, source: {source_key}, norm: {norm}, whole: {whole} }} [{style}, {access}, {source_ty}, {rows_ty}, {g}, {norm}, {whole}];",
+                "        {name} {{ style: {key_style}, types: {}, width: {width}, mrope: {mrope}, source: {source_key}, norm: {norm}, whole: {whole} }} [{style}, {access}, {source_ty}, {rows_ty}, {norm_ty}, {g}];",
                 types(v),
             )
             .unwrap();
@@ -147,7 +152,7 @@ fn row(out: &mut String, v: &Variant) {
             let deinterleave = v.pairs == Pairs::Deinterleaved;
             writeln!(
                 out,
-                "        {name} {{ style: {key_style}, types: {}, width: {width}, tables: {source_key}, mrope: {mrope}, norm: {norm}, whole: {whole}, deinterleave: {deinterleave} }} [{style}, {access}, {source_ty}, {rows_ty}, {g}, {scan}, {norm}, {whole}];",
+                "        {name} {{ style: {key_style}, types: {}, width: {width}, tables: {source_key}, mrope: {mrope}, norm: {norm}, whole: {whole}, deinterleave: {deinterleave} }} [{style}, {access}, {source_ty}, {rows_ty}, {norm_ty}, {g}, {scan}];",
                 types(v),
             )
             .unwrap();

@@ -21,6 +21,7 @@ use crate::bench::{empty, fp8, spin, touch, touch_rows};
 use crate::{
     gpu::{Bf16, One, Two, Vec16, Vec8, F16, F32, F8},
     kv::{claim, kv_append, read},
+    norm_lane::{HeadNorm, NoNorm, WholeNorm},
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,
     rotate::{Computed, Deinterleaved, ElemTable, F32Table, GptJ, LibTable, NeoX, OneRow, StreamRows},

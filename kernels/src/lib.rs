@@ -34,10 +34,12 @@
         f16,
         gpu_intrinsics,
         gpu_launch_sized_workgroup_mem,
-        core_intrinsics
+        core_intrinsics,
+        rustc_attrs
     )
 )]
-// `core_intrinsics` only for `core::intrinsics::gpu` (dynamic shared memory).
+// `core_intrinsics` only for `core::intrinsics::gpu` (dynamic shared memory); `rustc_attrs` only
+// for `#[rustc_force_inline]` on the KV body's stage functions (kernels/src/kv/mod.rs says why).
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]

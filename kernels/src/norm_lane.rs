@@ -1,4 +1,5 @@
-//! The norm's stage in the bodies (device code): a lane's weights loaded with its inputs
+//! The norm's stage in the bodies (device code), a type parameter of theirs ([`NormStage`]:
+//! [`NoNorm`], [`HeadNorm`], [`WholeNorm`]): a lane's weights loaded with its inputs
 //! ([`NormLane::load`]), its head's statistic once the position's and slot's loads are on
 //! their way ([`NormLane::of`]), through the warp's shuffles or, for a whole projection, the
 //! block's shared memory ([`Whole`]).
@@ -33,6 +34,104 @@ pub(crate) struct Whole {
     pub groups: u32,
     pub lanes: u32,
 }
+
+/// The norm stage of the RoPE and KV bodies: what the body asks of it, whichever the norm.
+/// [`NoNorm`]'s hooks are constants and compile away (the plain kernels hold nothing of a
+/// norm); [`HeadNorm`] is QK-norm (each head its own statistic, the `_n` kernels),
+/// [`WholeNorm`] a whole projection's (the one-head `_w` kernels). The bodies call the hooks
+/// under `if N::ON`: an unconditional call, even of [`NoNorm`]'s constant, changed the code
+/// LLVM made of the plain kernels (the trait's methods are inlined later than the bodies'
+/// own calls).
+pub(crate) trait NormStage {
+    /// Whether the stage normalizes: every thread of a block then stays for the statistic
+    /// (none returns before it), and q, normalized in place, takes copying lanes as k does.
+    const ON: bool;
+    /// Whether the statistic spans a whole projection (the projections a view names, each
+    /// token's q and k heads in their own blocks).
+    const WHOLE: bool;
+
+    /// [`NormLane::load`], or nothing.
+    ///
+    /// # Safety
+    /// As [`NormLane::load`].
+    unsafe fn load<S: Style, R: Io, C: Io>(view: &NormView, which: usize, on: bool, at: LaneAt) -> [Bits; 2];
+
+    /// [`NormLane::of`], or [`NormLane::OFF`].
+    ///
+    /// # Safety
+    /// As [`NormLane::of`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn of<S: Style, R: Io, C: Io, const G: usize>(
+        view: &NormView,
+        which: usize,
+        on: bool,
+        at: LaneAt,
+        data: (&Rows, &[Bits; 2], &Bits),
+        bits: [Bits; 2],
+        slots: u32,
+        whole: impl Fn() -> Whole,
+    ) -> NormLane;
+}
+
+/// No norm.
+pub(crate) struct NoNorm;
+/// QK-norm: each of q's and k's heads normalized by its own statistic.
+pub(crate) struct HeadNorm;
+/// A whole projection's norm: the statistic over all of a token's heads of the projection.
+pub(crate) struct WholeNorm;
+
+impl NormStage for NoNorm {
+    const ON: bool = false;
+    const WHOLE: bool = false;
+    #[inline(always)]
+    unsafe fn load<S: Style, R: Io, C: Io>(_: &NormView, _: usize, _: bool, _: LaneAt) -> [Bits; 2] {
+        [[0; 4]; 2]
+    }
+    #[inline(always)]
+    unsafe fn of<S: Style, R: Io, C: Io, const G: usize>(
+        _: &NormView,
+        _: usize,
+        _: bool,
+        _: LaneAt,
+        _: (&Rows, &[Bits; 2], &Bits),
+        _: [Bits; 2],
+        _: u32,
+        _: impl Fn() -> Whole,
+    ) -> NormLane {
+        NormLane::OFF
+    }
+}
+
+/// The two norms' hooks: [`NormLane`]'s, with `WHOLE` as the stage says.
+macro_rules! norm_stage {
+    ($ty:ty, $whole:literal) => {
+        impl NormStage for $ty {
+            const ON: bool = true;
+            const WHOLE: bool = $whole;
+            #[inline(always)]
+            unsafe fn load<S: Style, R: Io, C: Io>(view: &NormView, which: usize, on: bool, at: LaneAt) -> [Bits; 2] {
+                // SAFETY: the caller's contract.
+                unsafe { NormLane::load::<S, R, C, $whole>(view, which, on, at) }
+            }
+            #[inline(always)]
+            unsafe fn of<S: Style, R: Io, C: Io, const G: usize>(
+                view: &NormView,
+                which: usize,
+                on: bool,
+                at: LaneAt,
+                data: (&Rows, &[Bits; 2], &Bits),
+                bits: [Bits; 2],
+                slots: u32,
+                whole: impl Fn() -> Whole,
+            ) -> NormLane {
+                // SAFETY: the caller's contract.
+                unsafe { NormLane::of::<S, R, C, G, $whole>(view, which, on, at, data, bits, slots, whole) }
+            }
+        }
+    };
+}
+norm_stage!(HeadNorm, false);
+norm_stage!(WholeNorm, true);
 
 impl NormLane {
     /// The bits of the lane's weights for q (`which == 0`), k (1) or v (2), loaded with the lane's

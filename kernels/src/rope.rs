@@ -2,12 +2,29 @@
 //! rotation itself is [`crate::rotate`]'s.
 
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::norm::NormLane;
-use crate::norm_lane::{LaneAt, Whole};
+use crate::norm_lane::{LaneAt, NormStage, Whole};
 use crate::params::{block_tokens, groups, work_item, RopeParams};
 use crate::rotate::{BlockInputs, PairRows, Prologue, Quant, Rows, Source, Style, Table};
 use crate::tuning::ROPE_16BIT_LOADS_BEFORE_FILL;
 use crate::views::ComputedView;
+
+/// Tells the compiler what the host guarantees of every launch: lanes, slots (at least the
+/// lanes), groups and items, k's first group past q's, `seq`.
+///
+/// # Safety
+/// The host never launches without work (at most 2^31 items) or with `seq == 0`.
+#[inline(always)]
+unsafe fn assume_launch(p: &RopeParams, lanes: u32, slots: u32, (gq, gk, k_group): (u32, u32, u32), items: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::hint::assert_unchecked(lanes != 0);
+        core::hint::assert_unchecked(slots != 0 && slots >= lanes);
+        core::hint::assert_unchecked(gq + gk != 0);
+        core::hint::assert_unchecked(items != 0);
+        core::hint::assert_unchecked(k_group >= gq);
+        core::hint::assert_unchecked(p.seq != 0);
+    }
+}
 
 /// RoPE of one lane of a group of up to `G` heads of one token: `R` loads the rotating lanes
 /// and `W` stores them (q's and k's input and output types), `C` and `D` likewise for the
@@ -32,32 +49,24 @@ pub(crate) unsafe fn rope<
     D: Io,
     B: Source,
     P: PairRows,
+    N: NormStage,
     const G: usize,
-    const NORM: bool,
-    const WHOLE: bool,
 >(
     p: &RopeParams,
 ) {
     const { assert!(R::SIZE == C::SIZE && W::SIZE == D::SIZE) };
     let lanes = p.rot_lanes + p.copy_lanes;
     // The normed kernels' groups take a power of two of slots (inside one warp).
-    let slots = if NORM { p.slots } else { lanes };
+    let slots = if N::ON { p.slots } else { lanes };
     let (gq, gk) = (groups(p.q.heads, G as u32), groups(p.k.heads, G as u32));
     // The whole-projection kernels take k's first group and the items per token from the host
     // (which keeps q's and k's groups each inside one block).
-    let (k_group, items) = if WHOLE { (p.k_group, p.items) } else { (gq, (gq + gk) * slots) };
+    let (k_group, items) = if N::WHOLE { (p.k_group, p.items) } else { (gq, (gq + gk) * slots) };
     // SAFETY: the host never launches without work (at most 2^31 items) or with `seq == 0`.
-    unsafe {
-        core::hint::assert_unchecked(lanes != 0);
-        core::hint::assert_unchecked(slots != 0 && slots >= lanes);
-        core::hint::assert_unchecked(gq + gk != 0);
-        core::hint::assert_unchecked(items != 0);
-        core::hint::assert_unchecked(k_group >= gq);
-        core::hint::assert_unchecked(p.seq != 0);
-    }
+    unsafe { assume_launch(p, lanes, slots, (gq, gk, k_group), items) };
     let item = work_item(block_idx(), block_dim().0, thread_idx().0, items, p.chunk, p.tokens);
     // (With a norm, every thread stays for the statistic's shuffles.)
-    if !NORM && !B::Prologue::BARRIERS && item.is_none() {
+    if !N::ON && !B::Prologue::BARRIERS && item.is_none() {
         return;
     }
     // Threads past the end still take part in the block's prologue.
@@ -70,9 +79,8 @@ pub(crate) unsafe fn rope<
         // (The whole-projection kernels' groups between q's and k's: idle, below.)
         true => (&p.k, (group - k_group) * G as u32, p.k.heads),
     };
-    // Idle: a slot past its group's lanes, or (whole-projection kernels) a group past q's or
-    // k's heads.
-    let item = item.filter(|_| lane < lanes && (!WHOLE || h0 < heads));
+    // Idle: a slot past its group's lanes, or a whole-projection kernel's group past its heads.
+    let item = item.filter(|_| lane < lanes && (!N::WHOLE || h0 < heads));
     let (b, s, h0) = (b as u64, s as u64, h0 as u64);
     let rows = Rows {
         src: (view.input as *const u8).wrapping_add(view.in_offset(b, s, h0) as usize * R::SIZE),
@@ -80,13 +88,12 @@ pub(crate) unsafe fn rope<
         src_step: view.in_strides[2] as usize * R::SIZE,
         dst_step: view.out_strides[2] as usize * W::SIZE,
         // (Every group has a head but the whole-projection kernels' idle ones.)
-        count: if WHOLE { heads.saturating_sub(h0 as u32) } else { heads - h0 as u32 }.min(G as u32) as usize,
+        count: if N::WHOLE { heads.saturating_sub(h0 as u32) } else { heads - h0 as u32 }.min(G as u32) as usize,
     };
-    // SAFETY: just computed (at least one head where there is an item, and in every group
-    // but the whole-projection kernels' idle ones); lets the compiler drop the head loop where
-    // G is 1.
-    unsafe { core::hint::assert_unchecked(rows.count <= G && (!WHOLE || item.is_none() || rows.count >= 1)) };
-    if !WHOLE {
+    // SAFETY: just computed (a head where there is an item, and in every group but the
+    // whole-projection kernels' idle ones); lets the compiler drop the head loop where G is 1.
+    unsafe { core::hint::assert_unchecked(rows.count <= G && (!N::WHOLE || item.is_none() || rows.count >= 1)) };
+    if !N::WHOLE {
         // SAFETY: as above.
         unsafe { core::hint::assert_unchecked(rows.count >= 1) };
     }
@@ -131,7 +138,7 @@ pub(crate) unsafe fn rope<
         let start = B::Prologue::start::<P, _, _>(&inputs);
         B::Prologue::fill::<P, _, _>(&inputs, start, true)
     };
-    if !NORM && item.is_none() {
+    if !N::ON && item.is_none() {
         return;
     }
     let (first, first_copy) = if early { (first, first_copy) } else { (load_first(), load_copy()) };
@@ -140,8 +147,7 @@ pub(crate) unsafe fn rope<
     // SAFETY: the host checked the weights' buffers (`head_dim` elements of their type for
     // each head of a whole projection, 16-byte aligned where `vector`); `lane` is a lane of the
     // launch's geometry.
-    let norm_bits =
-        unsafe { NormLane::load::<S, R, C, WHOLE>(&p.norm, is_k as usize, NORM && item.is_some(), norm_at) };
+    let norm_bits = unsafe { N::load::<S, R, C>(&p.norm, is_k as usize, N::ON && item.is_some(), norm_at) };
     // A whole-projection norm's head sums: this thread's, and its projection's first group.
     let whole = || Whole {
         parts: inputs.base.wrapping_add(p.shared(block_dim().0, items, p.source.computed()).bytes as usize) as *mut f32,
@@ -153,22 +159,13 @@ pub(crate) unsafe fn rope<
     // SAFETY: the positions buffer holds every token's entry.
     let raw = item.map(|_| unsafe { P::load(&p.positions, token, b as u32, s as u32) });
     // The statistic while the position is in flight: every thread of the block is here.
-    let norm = match NORM {
+    let norm = match N::ON {
         // SAFETY: as above; every lane of the warp calls it.
         true => unsafe {
             let data = (&rows, &first, &first_copy);
-            NormLane::of::<S, R, C, G, WHOLE>(
-                &p.norm,
-                is_k as usize,
-                item.is_some(),
-                norm_at,
-                data,
-                norm_bits,
-                slots,
-                whole,
-            )
+            N::of::<S, R, C, G>(&p.norm, is_k as usize, item.is_some(), norm_at, data, norm_bits, slots, whole)
         },
-        false => NormLane::OFF,
+        false => crate::norm::NormLane::OFF,
     };
     let Some(raw) = raw else { return };
     let Some(pos) = p.positions.check(raw) else {
@@ -186,11 +183,11 @@ pub(crate) unsafe fn rope<
         // check; the rest as above.
         unsafe {
             let at = P::of(&p.positions, token, pos);
-            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, (Quant::NONE, NORM.then_some(&norm)))
+            S::rotate::<R, W, B, P>(rows, first, lane as usize, at, table, (Quant::NONE, N::ON.then_some(&norm)))
         };
     } else {
         // Dims past rotary_dim: copied (out of place), or normalized (in place too).
         // SAFETY: as above; the output rows overlap nothing else (or are the input's own).
-        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, NORM.then_some(&norm)) };
+        unsafe { rows.copy::<C, D>(first_copy, copy_at, Quant::NONE, N::ON.then_some(&norm)) };
     }
 }
