@@ -298,8 +298,8 @@ fn whole_blocks(q_len: u64, k_len: u64, k_start: u64, items: impl Fn(u64) -> u64
     Some((k_start, items(k_start).next_multiple_of(block), block as u32))
 }
 
-/// The KV mapping of a whole-projection norm, one head a thread: [`kv_segments`]'s q, k and v
-/// groups of `lanes` (`[q, k, v]` lanes a head), k's start moved where it would straddle a
+/// The KV mapping of a whole-projection norm: [`kv_segments`]'s q, k and v groups (of the
+/// width's heads a thread) of `lanes` (`[q, k, v]` lanes a head), k's start moved where it would straddle a
 /// block and v's following it ([`whole_blocks`]): `(k_start, v_start, items, block)`.
 pub(crate) fn whole_kv_layout(q_heads: u64, kv_heads: u64, lanes: [u64; 3]) -> Option<(u64, u64, u64, u32)> {
     let [sq, sk, sv] = lanes.map(lane_slots);

@@ -177,7 +177,8 @@ fn cases() -> Vec<Case> {
     // OLMo 2's whole-projection norm: decode (the `_d` kernels' 8-byte lanes where a token's q
     // heads fit a block, else `_p`), blocks of several tokens (small heads), a token's items
     // past one block (32 q heads of 128; 31: k's moved to the next block's start), MHA, k
-    // alone, partial rotary, and past the scan's and the one-head limits (claimed `_p`).
+    // alone, partial rotary, and past the scan's and the one-head limits (claimed `_p`, or
+    // `_v` for NeoX pairs).
     let whole = |heads, tokens, cache, source, style, f32_weights| {
         case(NormKind::RmsProjection, heads, tokens, (cache, source, style), f32_weights)
     };
@@ -191,6 +192,10 @@ fn cases() -> Vec<Case> {
         whole((0, 2, 256, 256), (3, 5), CacheKind::PagedNhd(40, 16), CosSin::Table, neox, true),
         whole((6, 2, 128, 128), (2, 150), CacheKind::Bhsd(300), CosSin::Computed, neox, false),
         whole((6, 2, 128, 128), (3, 2800), CacheKind::Bshd(2800), CosSin::Table, gptj, false),
+        // Past the one-head limit with NeoX pairs: several heads a thread (`_v_w`: groups of 4
+        // in f32, 2 in f16/bf16, the last one short), each head's weights its own.
+        whole((6, 2, 128, 128), (3, 2800), CacheKind::Bshd(2800), CosSin::Table, neox, false),
+        whole((7, 3, 64, 64), (2, 4200), CacheKind::PagedHnd(264, 32), CosSin::Computed, neox, false),
     ]);
     v
 }

@@ -431,7 +431,11 @@ impl Shape {
     fn whole_layout(&self, width: KvWidth) -> Option<(u64, u64, u64, u32)> {
         let (_, cw, k_lanes) = self.lanes(width);
         let counts = [k_lanes, k_lanes, self.v_hd / cw].map(|l| l as u64);
-        let (q, kv) = (self.q_heads as u64, self.kv_heads as u64);
+        let g = match width {
+            KvWidth::Vector => kv_heads_per_thread(true, self.style == RopeStyle::GptJ, self.size),
+            _ => 1,
+        };
+        let (q, kv) = (groups(self.q_heads as u32, g) as u64, groups(self.kv_heads as u32, g) as u64);
         match self.v_only {
             true => whole_v_layout(q, kv, counts),
             false => whole_kv_layout(q, kv, counts),
@@ -481,10 +485,17 @@ fn choose_width(
         // A QK-norm: a head's lanes inside one warp (the decode kernel's 8-byte lanes can be too
         // many). (The values' norm alone sums a head of v over several warps.)
         KvWidth::Decode if norm.is_some() && !v_only && lane_slots(shape.lanes(width).2 as u64) > 32 => false,
-        // A whole-projection norm: one head a thread, each token's q heads and its k heads
-        // inside one block (`whole_kv_layout`).
+        // A whole-projection norm: each token's q heads and its k heads inside one block
+        // (`whole_kv_layout`); several heads a thread only of NeoX pairs (the support table)
+        // and with weights that lie as the heads' elements do (each head's loaded as the head
+        // is rotated).
         KvWidth::Decode if whole && shape.whole_layout(width).is_none() => false,
-        KvWidth::Vector => !whole,
+        KvWidth::Vector if whole => {
+            spec.style == RopeStyle::NeoX
+                && !call.deinterleave
+                && norm.is_some_and(|n| n.vector != 0)
+                && shape.whole_layout(width).is_some()
+        }
         _ => true,
     };
     let width = candidates.iter().copied().find(|&w| fits(w)).unwrap_or(candidates[candidates.len() - 1]);

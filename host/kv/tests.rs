@@ -89,6 +89,29 @@ fn plans_whole_projection_norms() {
     let p = plan_kv(&spec(), &a).unwrap().unwrap();
     assert_eq!((p.key.width, p.key.whole, p.claim), (KvWidth::Prefill, true, true));
     assert!(p.geometry.block.0 as u64 <= crate::norm::WHOLE_BLOCK_MAX);
+    // Past the one-head limit, NeoX pairs: two heads a thread (bf16), a token's 32 q heads in
+    // 16 groups of 8 lanes (128 items), k's 4 groups from 128, v's 4 groups of 16 lanes from
+    // 160: blocks of 224 threads, one token each. GPT-J pairs, or weights that do not lie as
+    // the heads' elements do (f32 weights of bf16 heads), keep one head a thread.
+    let tokens = rope_cuda_kernels::tuning::KV_PREFILL_MAX_TOKENS + 8;
+    let long = |i, h| tensor(i, Layout::bshd(1, tokens, h, 128));
+    let mut a = RawKvArgs { norm: Some(weights(32, 8)), ..args() };
+    (a.q, a.k, a.v) = (Some(long(1, 32)), long(2, 8), long(3, 8));
+    (a.cache.k, a.cache.v) = (long(4, 8), long(5, 8));
+    a.cache.paged = false;
+    (a.positions.len, a.slots) = (tokens, None);
+    let p = plan_kv(&spec(), &a).unwrap().unwrap();
+    assert_eq!((p.key.width, p.key.whole), (KvWidth::Vector, true));
+    assert_eq!((p.params.starts, p.params.items_div.divisor, p.geometry.block.0), ([128, 160], 224, 224));
+    assert!(p.key.entry_point().is_some());
+    let gptj = KvSpec { style: RopeStyle::GptJ, ..spec() };
+    assert_eq!(plan_kv(&gptj, &a).unwrap().unwrap().key.width, KvWidth::Prefill);
+    let mut f32_weights = weights(32, 8);
+    for w in [&mut f32_weights.q_weight, &mut f32_weights.k_weight] {
+        w.as_mut().unwrap().dtype = DType::F32;
+    }
+    a.norm = Some(f32_weights);
+    assert_eq!(plan_kv(&spec(), &a).unwrap().unwrap().key.width, KvWidth::Prefill);
     // Every type and style, decode and past the scan (claimed), into its own caches and
     // into FP8 ones: a `_w` kernel.
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -361,9 +384,11 @@ fn every_planned_key_has_an_entry_point() {
                         let normed = KvKey { norm: true, ..key };
                         let has = width != KvWidth::Scalar;
                         assert_eq!(normed.entry_point().is_some(), has, "{normed:?}");
-                        // A whole-projection norm: one head a thread (8 or 16 bytes).
+                        // A whole-projection norm: one head a thread (8 or 16 bytes), or
+                        // several of NeoX pairs.
                         let whole = KvKey { whole: true, ..normed };
-                        let has = matches!(width, KvWidth::Decode | KvWidth::Prefill);
+                        let has = matches!(width, KvWidth::Decode | KvWidth::Prefill)
+                            || (width == KvWidth::Vector && style == RopeStyle::NeoX);
                         assert_eq!(whole.entry_point().is_some(), has, "{whole:?}");
                         // FP8 caches of either format: one entry point for both, at every
                         // width.

@@ -17,10 +17,11 @@
 //! loads and the statistic, which read rows in a style's pairs, are `norm_lane`'s.
 //!
 //! A whole-projection norm (OLMo 2 and 3: the statistic over all of a token's heads of q, and
-//! of k, the weights `[heads × head_dim]`) runs in kernels of its own (`_w`, one head a thread) on blocks
-//! that hold each token's q heads, and its k heads, whole (the host's geometry): each head's
-//! sum goes to shared memory, and after a barrier every lane adds its projection's head sums
-//! in the same order (`Whole`), so that every head of a token gets the same factor.
+//! of k, the weights `[heads × head_dim]`) runs in kernels of its own (`_w`: one head a thread,
+//! or in the append's `_v_w` a group of heads, each head's weights loaded as it is rotated) on
+//! blocks that hold each token's q heads, and its k heads, whole (the host's geometry): each
+//! group's sum goes to shared memory, and after a barrier every lane adds its projection's
+//! group sums in the same order (`Whole`), so that every head of a token gets the same factor.
 //!
 //! The same kernels normalize MLA's latent `kv_c` (the values' one head, its `kv_a_layernorm`)
 //! with q and k left as they are ([`NormView::projections`]): a head of 512 elements spans two
@@ -167,7 +168,7 @@ pub(crate) fn group_sum(mut v: f32, slots: u32) -> f32 {
 /// The norm of one lane of up to [`NORM_HEADS`] heads, as its rotation and copies apply it:
 /// each head's factor (`r[h]`, [`NormLane::r_of`]) and the lane's weights, `w[0][j]` and
 /// `w[1][j]` for the two elements of its pair `j` (a copying lane's element `j`: `w[0][j]`),
-/// the same for every head. Off (`on == false`, [`NormLane::OFF`]: the lanes of v, idle
+/// the same for every head (or head 0's, each later head's loaded for it: `per_head`). Off (`on == false`, [`NormLane::OFF`]: the lanes of v, idle
 /// lanes) it leaves every value as it is. The kernels without a norm pass `None` where a norm
 /// goes (`get_of` and the like), so that their code holds nothing of it: a `NormLane` that is
 /// off but not a constant LLVM folds cost the plain KV kernels 5 to 8 registers.
@@ -177,6 +178,15 @@ pub(crate) struct NormLane {
     pub on: bool,
     pub r: [f32; NORM_HEADS],
     pub w: [[f32; 8]; 2],
+    /// Each head its own weights (a whole projection's norm at several heads a thread): `w`
+    /// holds none of them; each head's are loaded as it is rotated or copied
+    /// ([`NormLane::head`], in `norm_lane`), from `weights` (the lane's first head's,
+    /// `step` bytes to the next head's, plus `offset`). False, with a null `weights`, in the
+    /// kernels whose heads share `w`.
+    pub per_head: bool,
+    pub weights: *const u8,
+    pub step: usize,
+    pub offset: f32,
 }
 
 /// The most heads one thread normalizes (the `_v` groups: up to 8 in RoPE's 16-bit kernels).
@@ -185,7 +195,21 @@ pub const NORM_HEADS: usize = 8;
 #[cfg(target_arch = "nvptx64")]
 impl NormLane {
     /// No norm.
-    pub const OFF: NormLane = NormLane { on: false, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
+    pub const OFF: NormLane = NormLane::shared(false);
+
+    /// A lane whose heads share `w` (`on` as given, every factor and weight 1 until set).
+    #[inline(always)]
+    pub const fn shared(on: bool) -> NormLane {
+        NormLane {
+            on,
+            r: [1.0; NORM_HEADS],
+            w: [[1.0; 8]; 2],
+            per_head: false,
+            weights: core::ptr::null(),
+            step: 0,
+            offset: 0.0,
+        }
+    }
 
     /// The factor of head `h` of the thread's group, chosen by selects (no indexing of
     /// registers by a runtime value).

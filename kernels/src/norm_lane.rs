@@ -23,7 +23,7 @@ pub(crate) struct LaneAt {
 
 /// Where a lane of a whole-projection norm finds its projection's head sums: `parts`, one f32
 /// per thread of the block in its dynamic shared memory; the thread's index in the block;
-/// the block index of its projection's first lane, the projection's groups (its heads),
+/// the block index of its projection's first lane, the projection's groups (of `G` heads),
 /// `slots` apart, and each group's `lanes` (past 32, its warps each put a sum: a head of
 /// MLA's `kv_c`).
 #[derive(Clone, Copy)]
@@ -193,12 +193,13 @@ impl NormLane {
         slots: u32,
         whole: impl Fn() -> Whole,
     ) -> NormLane {
-        const { assert!(G <= NORM_HEADS && (!WHOLE || G == 1)) };
-        let mut norm = NormLane { on, r: [1.0; NORM_HEADS], w: [[1.0; 8]; 2] };
+        const { assert!(G <= NORM_HEADS) };
+        let mut norm = NormLane::shared(on);
         // (The projections' divisors differ only for a whole projection.)
         let inv_dim = view.inv_dim_of::<WHOLE>(which);
-        // Unrolled (constant indices: the factors stay in registers).
-        unrolled(G, |h| {
+        // The squares of the lane's elements of head `h` (0 where it is not `on` or past the
+        // group's heads).
+        let squares = |h: usize| {
             let mut sum = 0.0f32;
             let live = on && h < rows.count;
             if live && at.rotating {
@@ -218,16 +219,39 @@ impl NormLane {
                     sum = crate::math::fma(x, x, sum);
                 });
             }
-            // The caller's contract: every lane of the warp is here.
-            let sum = group_sum(sum, slots);
-            norm.r[h] = if WHOLE {
-                // SAFETY: the caller's contract: every thread of the block is here, `parts`
-                // holds one f32 per thread, and the projection's groups lie in the block.
-                unsafe { inv_rms(whole_sum(whole(), on && at.lane % 32 == 0, on, sum, slots), inv_dim, view.eps) }
-            } else {
-                inv_rms(sum, inv_dim, view.eps)
-            };
-        });
+            sum
+        };
+        if WHOLE && G > 1 {
+            // A whole projection at several heads a thread: one statistic for the group's
+            // heads; head 0's weights below, the others' loaded as each is rotated
+            // ([`NormLane::head`]; the host takes these kernels only with weights that lie as
+            // the heads' elements do).
+            let mut sum = 0.0f32;
+            unrolled(G, |h| sum += squares(h));
+            // SAFETY: the caller's contract: every lane of the warp, and every thread of the
+            // block, is here; `parts` holds one f32 per thread, the projection's groups lie in
+            // the block.
+            let sum = unsafe { whole_sum(whole(), on && at.lane % 32 == 0, on, group_sum(sum, slots), slots) };
+            norm.r = [inv_rms(sum, inv_dim, view.eps); NORM_HEADS];
+            let base = view.weights_of::<WHOLE>(which);
+            norm.per_head = base != 0;
+            norm.weights = (base as *const u8).wrapping_add(head_offset::<WHOLE>(view, at.head));
+            norm.step = view.head_step as usize;
+            norm.offset = view.offset;
+        } else {
+            // Unrolled (constant indices: the factors stay in registers).
+            unrolled(G, |h| {
+                // The caller's contract: every lane of the warp is here.
+                let sum = group_sum(squares(h), slots);
+                norm.r[h] = if WHOLE {
+                    // SAFETY: the caller's contract: every thread of the block is here, `parts`
+                    // holds one f32 per thread, and the projection's groups lie in the block.
+                    unsafe { inv_rms(whole_sum(whole(), on && at.lane % 32 == 0, on, sum, slots), inv_dim, view.eps) }
+                } else {
+                    inv_rms(sum, inv_dim, view.eps)
+                };
+            });
+        }
         let base = view.weights_of::<WHOLE>(which);
         let head = at.head;
         if on && base != 0 && view.vector != 0 {
@@ -258,6 +282,53 @@ impl NormLane {
             });
         }
         norm
+    }
+    /// The norm of head `h` of a rotating lane's group (`lane` of a head of `half` pairs):
+    /// the lane itself where its heads share its weights, else with head `h`'s weights in `w`
+    /// (head 0's are the lane's own; a later head's loaded here, as the lane's data is).
+    ///
+    /// # Safety
+    /// With `per_head`, the weights of head `h` lie `h × step` bytes past `weights`, as a
+    /// head's elements do (aligned for `R`).
+    #[inline(always)]
+    pub unsafe fn head<S: Style, R: Io>(
+        norm: Option<&NormLane>,
+        h: usize,
+        lane: usize,
+        half: usize,
+    ) -> Option<NormLane> {
+        let n = norm?;
+        if !(n.on && n.per_head) || h == 0 {
+            return Some(*n);
+        }
+        let rows = Rows { src: n.weights, dst: core::ptr::null_mut(), src_step: n.step, dst_step: 0, count: h + 1 };
+        // SAFETY: the caller's contract.
+        let bits = unsafe { S::load::<R>(&rows, h, lane, half) };
+        let mut m = *n;
+        unrolled(S::lane_pairs::<R>(), |j| {
+            let ((l0, i0), (l1, i1)) = S::pair_at::<R>(j);
+            m.w[0][j] = R::get(&bits[l0], i0) + n.offset;
+            m.w[1][j] = R::get(&bits[l1], i1) + n.offset;
+        });
+        Some(m)
+    }
+
+    /// [`NormLane::head`] for a copying lane's elements at byte `at` of each head (loaded by
+    /// `C`).
+    ///
+    /// # Safety
+    /// As [`NormLane::head`], the weights aligned for `C`.
+    #[inline(always)]
+    pub unsafe fn head_copy<C: Io>(norm: Option<&NormLane>, h: usize, at: usize) -> Option<NormLane> {
+        let n = norm?;
+        if !(n.on && n.per_head) || h == 0 {
+            return Some(*n);
+        }
+        // SAFETY: the caller's contract.
+        let bits = unsafe { C::load_raw(n.weights.wrapping_add(h * n.step + at)) };
+        let mut m = *n;
+        unrolled(C::E, |i| m.w[0][i] = C::get(&bits, i) + n.offset);
+        Some(m)
     }
 }
 

@@ -130,7 +130,8 @@ pub enum Unsupported {
     Deinterleaved,
     /// A per-head QK-norm needs a vector width.
     HeadNorm,
-    /// A whole-projection norm needs one head a thread.
+    /// A whole-projection norm needs one head a thread (or, in the append, NeoX pairs at
+    /// several).
     WholeNorm,
 }
 
@@ -155,8 +156,8 @@ impl Unsupported {
                  (aligned addresses and strides): a head's lanes sum inside one warp"
             }
             Unsupported::WholeNorm => {
-                "a whole-projection norm takes one head a thread, in 8- or 16-byte accesses in the KV append, \
-                 16-byte ones in RoPE (aligned addresses and strides)"
+                "a whole-projection norm takes one head a thread, in 8- or 16-byte accesses in the KV append \
+                 (or several heads a thread of NeoX pairs), 16-byte ones in RoPE (aligned addresses and strides)"
             }
         }
     }
@@ -173,6 +174,7 @@ pub const fn supported(v: &Variant) -> Result<(), Unsupported> {
     let rope = matches!(v.op, Op::Rope);
     let vector = matches!(v.width, Width::Single | Width::Vector);
     let one_head = matches!(v.width, Width::Single) || (!rope && matches!(v.width, Width::Decode));
+    let several_neox = !rope && matches!(v.width, Width::Vector) && matches!(v.pairs, Pairs::NeoX);
     if rope && matches!(v.store, Store::Fp8) {
         return Err(Unsupported::RopeFp8);
     }
@@ -196,7 +198,7 @@ pub const fn supported(v: &Variant) -> Result<(), Unsupported> {
     }
     match v.norm {
         Norm::Head if !(vector || (matches!(v.width, Width::Decode) && !rope)) => Err(Unsupported::HeadNorm),
-        Norm::Whole if !one_head => Err(Unsupported::WholeNorm),
+        Norm::Whole if !(one_head || several_neox) => Err(Unsupported::WholeNorm),
         _ => Ok(()),
     }
 }

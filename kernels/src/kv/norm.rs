@@ -69,7 +69,7 @@ pub(super) unsafe fn stage<
             as *mut f32,
         thread: thread_idx().0,
         first: thread_idx().0.wrapping_sub(l.w),
-        groups: l.heads,
+        groups: l.heads.div_ceil(G as u32),
         lanes: l.lanes,
     };
     // SAFETY: every thread of the block calls it at once (one of two call sites runs).

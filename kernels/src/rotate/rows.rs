@@ -49,11 +49,13 @@ impl Rows {
         for h in 0..self.count {
             // SAFETY: the caller's contract, for heads `h` and `h + 1 < count`.
             let next = if h + 1 < self.count { unsafe { C::load_raw(self.src(h + 1, at)) } } else { cur };
+            // SAFETY: the caller's contract: a norm's weights lie as the heads' elements do.
+            let head = unsafe { NormLane::head_copy::<C>(norm, h, at) };
             // SAFETY: as above.
             unsafe {
                 D::store_raw(
                     self.dst(h, to),
-                    convert::<C, D>(cur, quant.of::<D>(h), (norm, NormLane::r_of_head(norm, h))),
+                    convert::<C, D>(cur, quant.of::<D>(h), (head.as_ref(), NormLane::r_of_head(norm, h))),
                 )
             };
             cur = next;

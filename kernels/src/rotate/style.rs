@@ -190,6 +190,8 @@ unsafe fn apply_halves<S: Style, R: Io, W: Io, B: Source, P: PairRows, const MEE
         let reload = || unsafe { S::load::<R>(&rows, h, lane, half) };
         // SAFETY: as above.
         let q = unsafe { quant.of::<W>(h) };
+        // SAFETY: the caller's contract: a norm's weights lie as the heads' elements do.
+        let head = unsafe { NormLane::head::<S, R>(norm, h, lane, half) };
         // SAFETY: as above.
         unsafe {
             rotate_lane::<R, W, B, P>(
@@ -199,7 +201,7 @@ unsafe fn apply_halves<S: Style, R: Io, W: Io, B: Source, P: PairRows, const MEE
                 (&cur, &mut y),
                 (S::pair_at::<R>, |j| ((0, j), (1, j))),
                 reload,
-                (q, (norm, NormLane::r_of_head(norm, h))),
+                (q, (head.as_ref(), NormLane::r_of_head(norm, h))),
             )
         };
         if meet {
@@ -288,6 +290,8 @@ impl Style for GptJ {
             let reload = || unsafe { Self::load::<R>(&rows, h, lane, 0) };
             // SAFETY: as above.
             let q = unsafe { quant.of::<W>(h) };
+            // SAFETY: the trait's contract: a norm's weights lie as the heads' elements do.
+            let head = unsafe { NormLane::head::<Self, R>(norm, h, lane, 0) };
             // SAFETY: as above.
             unsafe {
                 rotate_lane::<R, W, B, P>(
@@ -297,7 +301,7 @@ impl Style for GptJ {
                     (&cur, &mut y),
                     (pair, pair),
                     reload,
-                    (q, (norm, NormLane::r_of_head(norm, h))),
+                    (q, (head.as_ref(), NormLane::r_of_head(norm, h))),
                 )
             };
             // SAFETY: as above.
