@@ -283,6 +283,7 @@ impl NormLane {
         }
         norm
     }
+
     /// The norm of head `h` of a rotating lane's group (`lane` of a head of `half` pairs):
     /// the lane itself where its heads share its weights, else with head `h`'s weights in `w`
     /// (head 0's are the lane's own; a later head's loaded here, as the lane's data is).
