@@ -84,8 +84,10 @@ impl<'a> MlaCache<'a> {
     }
 }
 
-/// An MLA latent cache as device addresses ([`MlaCache`]).
+/// An MLA latent cache as device addresses ([`MlaCache`]): built by [`MlaCache::raw`] or by
+/// its constructors ([`RawMlaCache::contiguous`], [`RawMlaCache::paged`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawMlaCache {
     /// The rows, `[blocks, block_size, 1, kv_lora_rank + rope_dim]`.
     pub rows: RawTensor,
@@ -95,6 +97,25 @@ pub struct RawMlaCache {
     pub paged: bool,
     /// An FP8 cache's scale: device address and length (one f32).
     pub scale: Option<(u64, usize)>,
+}
+
+impl RawMlaCache {
+    /// A contiguous latent cache of `rows` whose first `kv_lora_rank` elements are kv_c's
+    /// ([`MlaCache::contiguous`]).
+    pub fn contiguous(rows: RawTensor, kv_lora_rank: usize) -> Self {
+        RawMlaCache { rows, kv_lora_rank, paged: false, scale: None }
+    }
+
+    /// A paged latent cache ([`MlaCache::paged`]).
+    pub fn paged(rows: RawTensor, kv_lora_rank: usize) -> Self {
+        RawMlaCache { paged: true, ..Self::contiguous(rows, kv_lora_rank) }
+    }
+
+    /// The same cache with an FP8 cache's scale: device address and length (one f32)
+    /// ([`MlaCache::scale`]).
+    pub fn scale(self, scale: (u64, usize)) -> Self {
+        RawMlaCache { scale: Some(scale), ..self }
+    }
 }
 
 /// Everything one MLA append takes ([`Rope::append_mla`]): the new latents `kv_c`
@@ -303,7 +324,7 @@ impl RawMlaArgs {
 ///     q_pe: Some(t(1, Layout::strided([1, 64, 128, 64], [64 * 128 * 192, 128 * 192, 192], 128))),
 ///     kv_c: t(2, Layout::bshd(1, 64, 1, 512)),
 ///     k_pe: t(3, Layout::bshd(1, 64, 1, 64)),
-///     cache: RawMlaCache { rows: t(4, Layout::bshd(4096, 64, 1, 576)), kv_lora_rank: 512, paged: true, scale: None },
+///     cache: RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 576)), 512),
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 64 },
 ///     slots: Some((6 << 30, 64)),
 ///     deinterleaved: false,
@@ -311,7 +332,7 @@ impl RawMlaArgs {
 /// };
 /// assert_eq!(validate_mla(&config, &args), Ok(()));
 /// // A latent row of 512 + 32 does not hold this RoPE's 64 dims.
-/// let narrow = RawMlaCache { rows: t(4, Layout::bshd(4096, 64, 1, 544)), ..args.cache };
+/// let narrow = RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 544)), 512);
 /// assert!(matches!(validate_mla(&config, &RawMlaArgs { cache: narrow, ..args }), Err(Error::Shape { .. })));
 /// ```
 pub fn validate_mla(config: &RopeConfig, args: &RawMlaArgs) -> Result<()> {

@@ -325,13 +325,14 @@ fn mrope_misuse_is_a_typed_error() {
         q_fp8: None,
         k: raw(2, new),
         v: raw(3, new),
-        cache: RawKvCache { k: raw(4, cache), v: raw(5, cache), paged: false, scales: None },
+        cache: RawKvCache::contiguous(raw(4, cache), raw(5, cache)),
         positions: RawPositions { kind: PositionKind::StreamsI32, ptr: 9 * BASE, len: 18 },
         slots: None,
         norm: None,
     };
     assert_eq!(validate_append(&config, &append), Err(Error::MropeCache));
-    let paged = RawKvArgs { cache: RawKvCache { paged: true, ..append.cache }, slots: Some((10 * BASE, 6)), ..append };
+    let paged =
+        RawKvArgs { cache: RawKvCache::paged(append.cache.k, append.cache.v), slots: Some((10 * BASE, 6)), ..append };
     assert_eq!(validate_append(&config, &paged), Ok(()));
     let wrong = RawKvArgs { positions: RawPositions { kind: PositionKind::IdsI32, ptr: 9 * BASE, len: 6 }, ..paged };
     assert!(matches!(validate_append(&config, &wrong), Err(Error::PositionKind { .. })));

@@ -231,7 +231,7 @@ fn raw_args(norm: Option<RawNorm>) -> RawKvArgs {
         q_fp8: None,
         k: t(2, new),
         v: t(3, new),
-        cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
+        cache: RawKvCache::paged(t(4, cache), t(5, cache)),
         positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: 4 },
         slots: Some((7 * GB, 4)),
         norm,
@@ -312,7 +312,7 @@ fn bad_norms_are_typed_errors() {
     let mut a = raw_args(None);
     let (new, cache) = (Layout::bshd(4, 1, 8, 512), Layout::bshd(64, 16, 8, 512));
     (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 32, 512))), t(2, new), t(3, new));
-    a.cache = RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None };
+    a.cache = RawKvCache::paged(t(4, cache), t(5, cache));
     a.norm = Some(RawNorm { kind: NormKind::RmsUnit, eps: 1e-6, q_weight: None, k_weight: None });
     assert!(matches!(validate_append(&wide, &a), Err(Error::Norm(_))), "{:?}", validate_append(&wide, &a));
 
@@ -342,7 +342,7 @@ fn bad_norms_are_typed_errors() {
     let mut a = raw_args(None);
     let (new, cache) = (Layout::bshd(4, 1, 8, 128), Layout::bshd(64, 16, 8, 128));
     (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 80, 128))), t(2, new), t(3, new));
-    a.cache = RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None };
+    a.cache = RawKvCache::paged(t(4, cache), t(5, cache));
     a.norm =
         Some(RawNorm { q_weight: weight(8, 80 * 128, DType::F32), k_weight: weight(9, 8 * 128, DType::F32), ..olmo });
     assert!(matches!(validate_append(&f32_config, &a), Err(Error::Norm(_))), "{:?}", validate_append(&f32_config, &a));
@@ -492,7 +492,11 @@ fn every_case_plans() {
                 q_fp8: None,
                 k: new(2, hk),
                 v: new(3, hk),
-                cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged, scales: None },
+                cache: if paged {
+                    RawKvCache::paged(t(4, cache), t(5, cache))
+                } else {
+                    RawKvCache::contiguous(t(4, cache), t(5, cache))
+                },
                 positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: tokens },
                 slots: paged.then_some((7 * GB, tokens)),
                 norm: Some(RawNorm { kind: c.kind, eps: EPS, q_weight, k_weight }),

@@ -101,7 +101,7 @@ impl<'a> KvCache<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn paged(k: impl OperandMut<'a, Elem: Element>, v: impl OperandMut<'a, Elem: Element>, layout: Layout) -> Self {
-        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: true, scales: None }
+        KvCache { paged: true, ..Self::contiguous(k, v, layout) }
     }
 
     /// The scales of FP8 caches, which FP8 caches need and others refuse: the code stored
@@ -149,7 +149,12 @@ impl<'a> KvCache<'a> {
 
     /// The cache as device addresses, for [`Rope::append_kv_raw`].
     pub fn raw(&self) -> RawKvCache {
-        RawKvCache { k: self.k.raw, v: self.v.raw, paged: self.paged, scales: self.scales.as_ref().map(KvScales::raw) }
+        RawKvCache {
+            k: self.k.raw,
+            v: self.v.raw,
+            paged: self.paged,
+            scales: self.scales.as_ref().map(KvScales::raw),
+        }
     }
 }
 
@@ -201,8 +206,11 @@ pub struct RawQFp8 {
     pub scale: (u64, usize),
 }
 
-/// A KV cache as device addresses (see [`KvCache`]).
+/// A KV cache as device addresses (see [`KvCache`]): built by [`KvCache::raw`] or by its
+/// constructors ([`RawKvCache::contiguous`], [`RawKvCache::paged`]), so that a field added for
+/// a new cache form breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawKvCache {
     /// The key cache.
     pub k: RawTensor,
@@ -213,6 +221,23 @@ pub struct RawKvCache {
     pub paged: bool,
     /// FP8 caches' scales (none for other caches).
     pub scales: Option<RawScales>,
+}
+
+impl RawKvCache {
+    /// A contiguous cache of the views `k` and `v` ([`KvCache::contiguous`]).
+    pub fn contiguous(k: RawTensor, v: RawTensor) -> Self {
+        RawKvCache { k, v, paged: false, scales: None }
+    }
+
+    /// A paged cache of the views `k` and `v` ([`KvCache::paged`]).
+    pub fn paged(k: RawTensor, v: RawTensor) -> Self {
+        RawKvCache { paged: true, ..Self::contiguous(k, v) }
+    }
+
+    /// The same caches with FP8 scales ([`KvCache::scales`]).
+    pub fn scales(self, scales: RawScales) -> Self {
+        RawKvCache { scales: Some(scales), ..self }
+    }
 }
 
 /// Everything one KV append takes ([`Rope::append_kv`]), built: new keys and values, the
@@ -384,7 +409,7 @@ pub struct RawKvArgs {
 ///     q_fp8: None,
 ///     k: t(2, new),
 ///     v: t(3, new),
-///     cache: RawKvCache { k: t(4, cache), v: t(5, cache), paged: true, scales: None },
+///     cache: RawKvCache::paged(t(4, cache), t(5, cache)),
 ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
 ///     slots: Some((7 << 30, 4)),
 ///     norm: None,

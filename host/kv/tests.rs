@@ -35,12 +35,7 @@ fn args() -> RawKvArgs {
         q_fp8: None,
         k: tensor(2, Layout::bshd(2, 3, 2, 128)),
         v: tensor(3, Layout::bshd(2, 3, 2, 128)),
-        cache: RawKvCache {
-            k: tensor(4, Layout::bshd(10, 16, 2, 128)),
-            v: tensor(5, Layout::bshd(10, 16, 2, 128)),
-            paged: true,
-            scales: None,
-        },
+        cache: RawKvCache::paged(tensor(4, Layout::bshd(10, 16, 2, 128)), tensor(5, Layout::bshd(10, 16, 2, 128))),
         positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * BASE, len: 6 },
         slots: Some((7 * BASE, 6)),
         norm: None,

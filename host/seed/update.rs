@@ -265,12 +265,10 @@ impl KvUpdate {
             q_fp8: None,
             k: RawTensor::new(k_new.0, k_new.1, dtype, new_layout),
             v: RawTensor::new(v_new.0, v_new.1, dtype, new_layout),
-            cache: RawKvCache {
-                k: RawTensor::new(out.0, cache_elems, dtype, cache_layout),
-                v: RawTensor::new(half_out, cache_elems, dtype, cache_layout),
-                paged: false,
-                scales: None,
-            },
+            cache: RawKvCache::contiguous(
+                RawTensor::new(out.0, cache_elems, dtype, cache_layout),
+                RawTensor::new(half_out, cache_elems, dtype, cache_layout),
+            ),
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: positions.0, len: positions.1 },
             slots: None,
             norm: None,
