@@ -38,6 +38,7 @@ pub struct MlaCache<'a> {
     rows: TensorMut<'a>,
     kv_lora_rank: usize,
     paged: bool,
+    window: Option<usize>,
     scale: Option<(u64, usize, Hold<'a>)>,
 }
 
@@ -56,12 +57,24 @@ impl<'a> MlaCache<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn paged(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, kv_lora_rank: usize) -> Self {
-        MlaCache { rows: TensorMut::new(cache, layout), kv_lora_rank, paged: true, scale: None }
+        MlaCache { paged: true, ..Self::contiguous(cache, layout, kv_lora_rank) }
     }
 
     /// A contiguous latent cache: token `s` of sequence `b` goes to row `position` of block `b`.
     pub fn contiguous(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, kv_lora_rank: usize) -> Self {
-        MlaCache { rows: TensorMut::new(cache, layout), kv_lora_rank, paged: false, scale: None }
+        MlaCache { rows: TensorMut::new(cache, layout), kv_lora_rank, paged: false, window: None, scale: None }
+    }
+
+    /// A sliding-window latent cache: each sequence's block of `block_size` rows holds its
+    /// first `sinks` positions, then its latest in a ring, as
+    /// [`KvCache::window`](crate::KvCache::window)'s.
+    pub fn window(
+        cache: impl OperandMut<'a, Elem: Element>,
+        layout: Layout,
+        kv_lora_rank: usize,
+        sinks: usize,
+    ) -> Self {
+        MlaCache { window: Some(sinks), ..Self::contiguous(cache, layout, kv_lora_rank) }
     }
 
     /// The scale of an FP8 cache (one f32 for the whole row, as vLLM's and FlashInfer's MLA
@@ -79,6 +92,7 @@ impl<'a> MlaCache<'a> {
             rows: self.rows.raw,
             kv_lora_rank: self.kv_lora_rank,
             paged: self.paged,
+            window: self.window,
             scale: self.scale.as_ref().map(|&(ptr, len, _)| (ptr, len)),
         }
     }
@@ -95,6 +109,8 @@ pub struct RawMlaCache {
     pub kv_lora_rank: usize,
     /// Paged (slots given per token) or contiguous (positions name the rows).
     pub paged: bool,
+    /// A contiguous cache's sliding-window form, `Some(sinks)` ([`MlaCache::window`]).
+    pub window: Option<usize>,
     /// An FP8 cache's scale: device address and length (one f32).
     pub scale: Option<(u64, usize)>,
 }
@@ -103,7 +119,12 @@ impl RawMlaCache {
     /// A contiguous latent cache of `rows` whose first `kv_lora_rank` elements are kv_c's
     /// ([`MlaCache::contiguous`]).
     pub fn contiguous(rows: RawTensor, kv_lora_rank: usize) -> Self {
-        RawMlaCache { rows, kv_lora_rank, paged: false, scale: None }
+        RawMlaCache { rows, kv_lora_rank, paged: false, window: None, scale: None }
+    }
+
+    /// A sliding-window latent cache after `sinks` fixed rows ([`MlaCache::window`]).
+    pub fn window(rows: RawTensor, kv_lora_rank: usize, sinks: usize) -> Self {
+        RawMlaCache { window: Some(sinks), ..Self::contiguous(rows, kv_lora_rank) }
     }
 
     /// A paged latent cache ([`MlaCache::paged`]).
@@ -303,7 +324,7 @@ impl RawMlaArgs {
             q_fp8: None,
             k: self.k_pe,
             v: self.kv_c,
-            cache: RawKvCache { k: view(width - r, r), v: view(r, 0), paged: c.paged, scales },
+            cache: RawKvCache { k: view(width - r, r), v: view(r, 0), paged: c.paged, window: c.window, scales },
             positions: self.positions,
             slots: self.slots,
             norm: None,
@@ -445,12 +466,7 @@ mod tests {
             q_pe: Some(tensor(1, Layout::strided([1, t, 128, 64], [t * 128 * 192, 128 * 192, 192], 128))),
             kv_c: tensor(2, Layout::strided([1, t, 1, 512], [t * 576, 576, 576], 0)),
             k_pe: tensor(2, Layout::strided([1, t, 1, 64], [t * 576, 576, 576], 512)),
-            cache: RawMlaCache {
-                rows: tensor(3, Layout::bshd(4096, 64, 1, 576)),
-                kv_lora_rank: 512,
-                paged: true,
-                scale: None,
-            },
+            cache: RawMlaCache::paged(tensor(3, Layout::bshd(4096, 64, 1, 576)), 512),
             positions: RawPositions { kind: PositionKind::IdsI32, ptr: 4 * BASE, len: t },
             slots: Some((5 * BASE, t)),
             deinterleaved: false,

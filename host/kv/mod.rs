@@ -51,6 +51,7 @@ pub struct KvCache<'a> {
     k: TensorMut<'a>,
     v: TensorMut<'a>,
     paged: bool,
+    window: Option<usize>,
     scales: Option<KvScales<'a>>,
 }
 
@@ -74,14 +75,44 @@ impl<'a> KvCache<'a> {
         v: impl OperandMut<'a, Elem: Element>,
         layout: Layout,
     ) -> Self {
-        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false, scales: None }
+        KvCache { k: TensorMut::new(k, layout), v: TensorMut::new(v, layout), paged: false, window: None, scales: None }
+    }
+
+    /// A sliding-window cache (Gemma's, Mistral's and gpt-oss's sliding layers): each
+    /// sequence's block of `block_size` rows holds its first `sinks` positions (StreamingLLM's
+    /// attention sinks, never overwritten; 0 for none) and then its latest `block_size - sinks`
+    /// in a ring: position `p` goes to row `p` below `sinks`, else to row
+    /// `sinks + (p - sinks) % (block_size - sinks)`. A call whose tokens meet at one row (a
+    /// prefill chunk longer than the ring) writes it once, from the call's last token there
+    /// (the latest position when positions rise). `sinks` must be below `block_size`
+    /// ([`Error::TooLarge`](crate::Error::TooLarge)); positions run up to the configuration's
+    /// `max_position`.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{KvCache, Layout};
+    /// // A 4096-token window of 2 sequences, 8 kv heads of 128, 4 sink rows.
+    /// let n = 2 * 4096 * 8 * 128;
+    /// let (mut k, mut v) = (DeviceBuffer::from_slice(&vec![0.0f32; n])?, DeviceBuffer::from_slice(&vec![0.0f32; n])?);
+    /// let cache = KvCache::window(&mut k, &mut v, Layout::bshd(2, 4096, 8, 128), 4);
+    /// assert_eq!(cache.raw().window, Some(4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn window(
+        k: impl OperandMut<'a, Elem: Element>,
+        v: impl OperandMut<'a, Elem: Element>,
+        layout: Layout,
+        sinks: usize,
+    ) -> Self {
+        KvCache { window: Some(sinks), ..Self::contiguous(k, v, layout) }
     }
 
     /// A cache of the views `k` and `v` (of one layout: the caller checks), paged or
     /// contiguous.
     #[cfg(feature = "candle")]
     pub(crate) fn of_views(k: TensorMut<'a>, v: TensorMut<'a>, paged: bool) -> Self {
-        KvCache { k, v, paged, scales: None }
+        KvCache { k, v, paged, window: None, scales: None }
     }
 
     /// A paged cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
@@ -153,6 +184,7 @@ impl<'a> KvCache<'a> {
             k: self.k.raw,
             v: self.v.raw,
             paged: self.paged,
+            window: self.window,
             scales: self.scales.as_ref().map(KvScales::raw),
         }
     }
@@ -207,8 +239,8 @@ pub struct RawQFp8 {
 }
 
 /// A KV cache as device addresses (see [`KvCache`]): built by [`KvCache::raw`] or by its
-/// constructors ([`RawKvCache::contiguous`], [`RawKvCache::paged`]), so that a field added for
-/// a new cache form breaks no caller.
+/// constructors ([`RawKvCache::contiguous`], [`RawKvCache::window`], [`RawKvCache::paged`]),
+/// so that a field added for a new cache form breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RawKvCache {
@@ -219,6 +251,8 @@ pub struct RawKvCache {
     pub v: RawTensor,
     /// Paged (slots given per token) or contiguous (positions name the rows).
     pub paged: bool,
+    /// A contiguous cache's sliding-window form, `Some(sinks)` ([`KvCache::window`]).
+    pub window: Option<usize>,
     /// FP8 caches' scales (none for other caches).
     pub scales: Option<RawScales>,
 }
@@ -226,7 +260,13 @@ pub struct RawKvCache {
 impl RawKvCache {
     /// A contiguous cache of the views `k` and `v` ([`KvCache::contiguous`]).
     pub fn contiguous(k: RawTensor, v: RawTensor) -> Self {
-        RawKvCache { k, v, paged: false, scales: None }
+        RawKvCache { k, v, paged: false, window: None, scales: None }
+    }
+
+    /// A sliding-window cache of the views `k` and `v` after `sinks` fixed rows
+    /// ([`KvCache::window`]).
+    pub fn window(k: RawTensor, v: RawTensor, sinks: usize) -> Self {
+        RawKvCache { window: Some(sinks), ..Self::contiguous(k, v) }
     }
 
     /// A paged cache of the views `k` and `v` ([`KvCache::paged`]).

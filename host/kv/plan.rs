@@ -215,9 +215,11 @@ pub(crate) fn plan_kv(
     let cache = &args.cache;
     let strides = cl.strides.map(|s| s as u64);
     let (kc, vc, nb, bs) = (cache.k.address(), cache.v.address(), cl.shape[0] as u32, cl.shape[1] as u32);
-    let cache_view = match args.slots {
-        Some((mapping, _)) => CacheView::paged(kc, vc, strides, mapping, nb, bs),
-        None => CacheView::contiguous(kc, vc, strides, nb, bs),
+    let cache_view = match (args.slots, cache.window) {
+        (Some((mapping, _)), _) => CacheView::paged(kc, vc, strides, mapping, nb, bs),
+        // Below `bs` (the rows stage).
+        (None, Some(sinks)) => CacheView::window(kc, vc, strides, nb, bs, sinks as u32),
+        (None, None) => CacheView::contiguous(kc, vc, strides, nb, bs),
     };
     let params = KvParams {
         q: args.q.as_ref().map(|q| heads_view(q, fp8.q_fp8.as_ref().map(|o| &o.out))).unwrap_or_default(),
@@ -348,7 +350,7 @@ fn check_apart(call: &KvCall, args: &RawKvArgs, fp8: &Fp8Stage) -> Result<()> {
 }
 
 /// The rows stage: which row each token writes (a paged cache's slot mapping; a contiguous
-/// cache's positions, up to its length), its positions view (MRoPE's streams into paged caches
+/// cache's positions, up to its length; a window's, in its ring), its positions view (MRoPE's streams into paged caches
 /// only) and the pairs' frequencies; the counts the kernels index in 32 bits.
 fn rows_stage(
     spec: &KvSpec,
@@ -363,6 +365,9 @@ fn rows_stage(
         return Err(Error::MropeCache);
     }
     let limit = if args.cache.paged {
+        if args.cache.window.is_some() {
+            return Err(Error::SlotMapping("a window cache is contiguous: its rows come from the positions"));
+        }
         match args.slots {
             None => return Err(Error::SlotMapping("a paged cache needs a slot mapping (one i64 per token)")),
             Some((_, len)) if len != tokens => {
@@ -378,7 +383,18 @@ fn rows_stage(
             return Err(Error::SlotMapping("a contiguous cache takes its rows from the positions, not slots"));
         }
         check_axis((call.names)(KvOperand::Cache), "batch", batch, blocks)?;
-        spec.max_position.min(block_size)
+        match args.cache.window {
+            Some(sinks) if sinks >= block_size => {
+                let limit = block_size.saturating_sub(1) as u64;
+                return Err(Error::TooLarge {
+                    what: "window sinks (rows of a sequence - 1)",
+                    value: sinks as u64,
+                    limit,
+                });
+            }
+            Some(_) => spec.max_position,
+            None => spec.max_position.min(block_size),
+        }
     };
     let positions = positions(&args.positions, batch, seq, limit, spec.mrope.is_some())?;
     let pairs = pairs(spec.rotary_dim, spec.mrope.map(|m| m.bands()));

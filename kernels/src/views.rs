@@ -675,6 +675,10 @@ pub enum CacheKind {
     Contiguous = 0,
     /// Token `t` goes to slot `mapping[t]` (i64; `-1` is padding).
     Paged = 1,
+    /// A sliding window: each sequence is a block of `block_size` rows, its first `sinks`
+    /// positions at their own rows and the later ones in a ring over the rest, position `p` at
+    /// row `sinks + (p - sinks) % (block_size - sinks)` (`mapping` holds `sinks`).
+    Window = 2,
 }
 
 /// Where a token's keys and values go.
@@ -724,6 +728,15 @@ impl CacheView {
     /// If `block_size` is 0.
     pub const fn paged(k: u64, v: u64, strides: [u64; 3], mapping: u64, blocks: u32, block_size: u32) -> Self {
         Self::new(k, v, strides, mapping, CacheKind::Paged, blocks, block_size)
+    }
+
+    /// A sliding-window cache of `blocks` sequences of `block_size` rows, the first `sinks` of
+    /// them never overwritten ([`CacheKind::Window`]).
+    ///
+    /// # Panics
+    /// If `block_size` is 0 (the host checks it, and `sinks < block_size`, first).
+    pub const fn window(k: u64, v: u64, strides: [u64; 3], blocks: u32, block_size: u32, sinks: u32) -> Self {
+        Self::new(k, v, strides, sinks as u64, CacheKind::Window, blocks, block_size)
     }
 
     const fn new(k: u64, v: u64, strides: [u64; 3], mapping: u64, kind: CacheKind, blocks: u32, size: u32) -> Self {
@@ -788,7 +801,7 @@ impl CacheView {
         self.block_size
     }
 
-    /// The address of the slot mapping (0 for contiguous caches).
+    /// The address of the slot mapping (0 for contiguous caches; a window's `sinks`).
     pub fn mapping(&self) -> u64 {
         self.mapping
     }
@@ -801,7 +814,7 @@ impl CacheView {
     #[inline(always)]
     pub unsafe fn raw_slot(&self, t: u32) -> i64 {
         match self.kind {
-            CacheKind::Contiguous => 0,
+            CacheKind::Contiguous | CacheKind::Window => 0,
             // SAFETY: the caller's contract.
             CacheKind::Paged => unsafe { load_i64((self.mapping as *const i64).add(t as usize)) },
         }
@@ -812,11 +825,23 @@ impl CacheView {
     #[inline(always)]
     pub fn slot(&self, seq: impl FnOnce() -> u32, pos: u32, raw: i64) -> SlotOf {
         match self.kind {
-            // Whatever the positions' limit, a row past the block is never written.
-            CacheKind::Contiguous if pos < self.block_size => {
-                SlotOf::Slot(seq() as u64 * self.block_size as u64 + pos as u64)
+            CacheKind::Contiguous | CacheKind::Window => {
+                // A contiguous cache is a window whose sinks fill the block: a row past it is
+                // never written, whatever the positions' limit. A window's later positions
+                // wrap in the ring after its sinks (the host keeps `sinks` below the block;
+                // `max(1)`: no division by zero). One arm for both kinds: an arm of its own
+                // for the window changed the contiguous kernels' registers (`_v_w` 128 -> 134).
+                let window = self.kind == CacheKind::Window;
+                let sinks = if window { self.mapping as u32 } else { self.block_size };
+                let row = if pos < sinks {
+                    pos
+                } else if window {
+                    sinks + (pos - sinks) % (self.block_size - sinks).max(1)
+                } else {
+                    return SlotOf::Skip;
+                };
+                SlotOf::Slot(seq() as u64 * self.block_size as u64 + row as u64)
             }
-            CacheKind::Contiguous => SlotOf::Skip,
             CacheKind::Paged if raw >= 0 && (raw as u64) < self.num_slots => SlotOf::Slot(raw as u64),
             CacheKind::Paged if raw == -1 => SlotOf::Skip,
             CacheKind::Paged => SlotOf::OutOfRange(raw),
@@ -1043,6 +1068,15 @@ mod tests {
         );
         // Slot 35 is row 3 of block 2.
         assert_eq!(p.row(35, 4), 2 * 1000 + 3 * 100 + 4 * 10);
+        // A window of 16 rows, 4 sinks: positions 0..4 at their rows, then a ring of 12.
+        let w = CacheView::window(0, 0, strides, 3, 16, 4);
+        let rows: [_; 7] = [0, 3, 4, 15, 16, 17, 4 + 12 * 1000 + 5].map(|pos| w.slot(|| 2, pos, 0));
+        let want = [0, 3, 4, 15, 4, 5, 9].map(|row| SlotOf::Slot(2 * 16 + row));
+        assert_eq!(rows, want);
+        // SAFETY: a window reads no mapping.
+        assert_eq!((w.kind(), w.mapping(), unsafe { w.raw_slot(7) }), (CacheKind::Window, 4, 0));
+        // No sinks: a ring over the whole block.
+        assert_eq!(CacheView::window(0, 0, strides, 3, 16, 0).slot(|| 1, 35, 0), SlotOf::Slot(16 + 3));
     }
 
     #[test]
