@@ -143,7 +143,12 @@ fn row(out: &mut String, v: &Variant) {
             };
             let g = match v.width {
                 Width::Vector => {
-                    format!("{{ kv_heads_per_thread(true, {}, {}) as usize }}", v.pairs != Pairs::NeoX, size(v.elem))
+                    format!(
+                        "{{ kv_heads_per_thread(true, {}, {}, {}) as usize }}",
+                        v.pairs != Pairs::NeoX,
+                        size(v.elem),
+                        v.norm == Norm::Head
+                    )
                 }
                 _ => "1".into(),
             };

@@ -26,7 +26,7 @@ use super::{RawKvArgs, RawKvCache, KV_SCAN_MAX_TOKENS};
 
 // The reference operation launches GPT-J kernels at the width `plan_kv` chose; its `_v_t`
 // kernels serve both claimed widths, so they must take one head per thread like `_p`.
-const _: () = assert!(kv_heads_per_thread(true, true, 2) == 1 && kv_heads_per_thread(true, true, 4) == 1);
+const _: () = assert!(kv_heads_per_thread(true, true, 2, false) == 1 && kv_heads_per_thread(true, true, 4, false) == 1);
 
 /// What the launch needs from the configuration (a [`Rope`]'s, or the reference op's).
 #[derive(Debug, Clone, Copy)]
@@ -188,7 +188,7 @@ pub(crate) fn plan_kv(
         return Err(Error::Deinterleave("q in place with a head above 32 lanes"));
     }
     let g = match width {
-        KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, shape.size),
+        KvWidth::Vector => kv_heads_per_thread(true, spec.style == RopeStyle::GptJ, shape.size, key.norm && !key.whole),
         _ => 1,
     };
     let v_lanes = ops.v_hd / cw;
@@ -448,7 +448,7 @@ impl Shape {
         let (_, cw, k_lanes) = self.lanes(width);
         let counts = [k_lanes, k_lanes, self.v_hd / cw].map(|l| l as u64);
         let g = match width {
-            KvWidth::Vector => kv_heads_per_thread(true, self.style == RopeStyle::GptJ, self.size),
+            KvWidth::Vector => kv_heads_per_thread(true, self.style == RopeStyle::GptJ, self.size, false),
             _ => 1,
         };
         let (q, kv) = (groups(self.q_heads as u32, g) as u64, groups(self.kv_heads as u32, g) as u64);

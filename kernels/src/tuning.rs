@@ -29,10 +29,13 @@ pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize, comput
 
 /// Heads one thread of a KV-cache kernel handles (see [`heads_per_thread`]) in its `_v`
 /// entry point (the `_d` and `_s` ones take 1). GPT-J `_v` kernels take 1 too: with more,
-/// LLVM keeps their lane arrays in local memory inside this larger kernel.
-pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize) -> u32 {
+/// LLVM keeps their lane arrays in local memory inside this larger kernel. So do the `_v`
+/// kernels with a per-head norm (`head_norm`, QK-norm): at one head NeoX bf16 `_v_n` takes 64
+/// registers on sm_90, at two 96 (20 warps an SM, latency-bound: BENCHMARKS.md, 2026-12-06).
+pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize, head_norm: bool) -> u32 {
     match (vector, gptj, elem_size) {
         (false, _, _) | (_, true, _) => 1,
+        _ if head_norm => 1,
         // Measured on the H200 (65536 tokens, 32/8 heads of 128, paged): 2 heads 83.1% of
         // copy bandwidth, 1 head 82.9%, 8 heads 69.9%.
         (true, false, 2) => 2,
