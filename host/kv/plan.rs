@@ -217,7 +217,7 @@ pub(crate) fn plan_kv(
     let (kc, vc, nb, bs) = (cache.k.address(), cache.v.address(), cl.shape[0] as u32, cl.shape[1] as u32);
     let cache_view = match (args.slots, cache.window) {
         (Some((mapping, _)), _) => CacheView::paged(kc, vc, strides, mapping, nb, bs),
-        // Below `bs` (the rows stage).
+        // `sinks` below `bs`: the rows stage checked it.
         (None, Some(sinks)) => CacheView::window(kc, vc, strides, nb, bs, sinks as u32),
         (None, None) => CacheView::contiguous(kc, vc, strides, nb, bs),
     };
@@ -350,8 +350,9 @@ fn check_apart(call: &KvCall, args: &RawKvArgs, fp8: &Fp8Stage) -> Result<()> {
 }
 
 /// The rows stage: which row each token writes (a paged cache's slot mapping; a contiguous
-/// cache's positions, up to its length; a window's, in its ring), its positions view (MRoPE's streams into paged caches
-/// only) and the pairs' frequencies; the counts the kernels index in 32 bits.
+/// cache's positions, up to its length; a window's, in its ring), its positions view
+/// (MRoPE's streams into paged caches only) and the pairs' frequencies; the counts the
+/// kernels index in 32 bits.
 fn rows_stage(
     spec: &KvSpec,
     call: &KvCall,
