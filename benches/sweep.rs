@@ -27,9 +27,7 @@ use half::{bf16, f16};
 use rope_cuda::bench::{copy_d2d, empty, time_after, time_device, time_op, Timing};
 use rope_cuda::reference::splitmix64;
 use rope_cuda::seed::{KvShape, KvUpdate};
-use rope_cuda::{
-    DType, Element, Kernels, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
-};
+use rope_cuda::{DType, Kernels, KvCache, Layout, Positions, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut};
 
 type Res<T> = Result<T, Box<dyn StdError>>;
 
@@ -76,8 +74,8 @@ fn measure(
     let evict = |on: bool| {
         move || {
             if on {
-                // SAFETY: `flush` holds `flush.len()` words.
                 let raw = flush.as_device_ptr().as_raw();
+                // SAFETY: `flush` holds `flush.len()` words.
                 unsafe { cuda::cuMemsetD32Async(raw, 0, flush.len(), stream.as_inner()) };
             }
             Ok(())
@@ -109,7 +107,7 @@ fn ids(tokens: usize) -> Vec<i32> {
 }
 
 /// RoPE in place on q and k (or q only, `q_only`).
-fn rope_points<T: Element + DeviceCopy>(
+fn rope_points<T: rope_cuda::CustElement>(
     points: &mut Vec<Point>,
     kernels: &std::sync::Arc<Kernels>,
     stream: &Stream,

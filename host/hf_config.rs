@@ -7,18 +7,18 @@ use serde_json::{Map, Value};
 
 use crate::config::{DType, Mrope, RopeConfig, RopeStyle};
 use crate::error::{ConfigError, Error, Result};
-use crate::norm::NormKind;
+use crate::norm::{NormKind, QkNormSpec};
 use crate::scaling::RopeScaling;
 
 /// `model_type`s whose attention rotates interleaved pairs (GPT-J style), each checked
-/// against its model's code in transformers (see the README's table). A config's
+/// against its model's code in transformers (see docs/models.md). A config's
 /// `rope_interleave` flag, where present, decides instead.
 ///
 /// Llama 4 (`llama4`, and `llama4_text` of its `text_config`) multiplies interleaved pairs as
 /// complex numbers (transformers' `apply_rotary_emb`, `view_as_complex` over pairs
 /// `(x[2i], x[2i + 1])`); DeepSeek-V3 and Kimi K2 configs omit `rope_interleave`, whose default
 /// in transformers' config classes is true (`apply_rotary_pos_emb_interleave`: interleaved
-/// pairs, written back de-interleaved; see the README for why the library's interleaved
+/// pairs, written back de-interleaved; see docs/models.md for why the library's interleaved
 /// layout gives the same attention scores). `chatglm` (ChatGLM2/3, remote code) rotates
 /// interleaved pairs of the first half of each head, as GLM does.
 pub const INTERLEAVED_MODEL_TYPES: &[&str] = &[
@@ -41,7 +41,7 @@ pub const INTERLEAVED_MODEL_TYPES: &[&str] = &[
 ];
 
 /// `model_type`s whose attention rotates halves (`rotate_half`, GPT-NeoX style), each checked
-/// against its model's code in transformers (see the README's table). Any other
+/// against its model's code in transformers (see docs/models.md). Any other
 /// `model_type` also gets rotate-half pairs, but [`HfConfig::style_source`] says that it was
 /// assumed, and [`HfConfig::strict`] refuses it.
 pub const NEOX_MODEL_TYPES: &[&str] = &[
@@ -236,9 +236,11 @@ pub struct HfConfig {
     model_type: String,
 }
 
-/// The shapes of multi-head latent attention ([`HfConfig::mla`]): what the latent cache
-/// ([`MlaCache`](crate::MlaCache)) and q's rotary parts look like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The shapes of multi-head latent attention ([`HfConfig::mla`], or [`MlaGeometry::new`]):
+/// what the latent cache ([`MlaCache`](crate::MlaCache)) and q's rotary parts look like, and
+/// the `eps` of `kv_a_layernorm` ([`MlaAppend::kv_c_norm`](crate::MlaAppend::kv_c_norm)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct MlaGeometry {
     /// `kv_lora_rank`: the compressed latent `kv_c` per token (512 in DeepSeek-V3).
     pub kv_lora_rank: usize,
@@ -250,9 +252,30 @@ pub struct MlaGeometry {
     pub v_head_dim: usize,
     /// `num_attention_heads` (128).
     pub num_heads: usize,
+    /// The `eps` of `kv_a_layernorm`, the norm of `kv_c`: 1e-6, the RMS norm class's default
+    /// that DeepSeek-V2/V3 and Kimi K2 build it with (not the config's `rms_norm_eps`).
+    pub kv_norm_eps: f32,
 }
 
 impl MlaGeometry {
+    /// A geometry of these sizes (for models without a `config.json` at hand), with
+    /// `kv_a_layernorm`'s `eps` of 1e-6.
+    ///
+    /// ```
+    /// use rope_cuda::MlaGeometry;
+    /// let v3 = MlaGeometry::new(512, 64, 128, 128, 128);
+    /// assert_eq!((v3.latent_width(), v3.kv_norm_eps), (576, 1e-6));
+    /// ```
+    pub const fn new(
+        kv_lora_rank: usize,
+        qk_rope_head_dim: usize,
+        qk_nope_head_dim: usize,
+        v_head_dim: usize,
+        num_heads: usize,
+    ) -> Self {
+        MlaGeometry { kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, num_heads, kv_norm_eps: 1e-6 }
+    }
+
     /// Elements of a latent cache row, `kv_lora_rank + qk_rope_head_dim` (576).
     pub const fn latent_width(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
@@ -412,8 +435,11 @@ impl HfConfig {
     }
 
     /// The QK-norm layer `layer` applies to q and k before attention, as the fused append
-    /// takes it ([`QkNorm`](crate::QkNorm)): its kind and `eps` (`rms_norm_eps`, default
-    /// 1e-6), or `None` for a model (or layer) without one. By the text model's type: Qwen3,
+    /// takes it ([`QkNorm`](crate::QkNorm)): its kind, `eps` (`rms_norm_eps`, default 1e-6)
+    /// and the lengths of its weights where the config gives the sizes, as a [`QkNormSpec`]
+    /// that makes the [`QkNorm`](crate::QkNorm) of the model's weights
+    /// ([`QkNormSpec::weights`], [`QkNormSpec::unweighted`]); `None` for a model (or layer)
+    /// without one. By the text model's type: Qwen3,
     /// Qwen3-MoE, Qwen3-Next and Qwen3-VL's text models normalize each head with a weight
     /// ([`NormKind::Rms`]), as do models with `use_qk_norm` that transformers builds that way
     /// (GLM-4.5's `glm4_moe`); Gemma 3 and Gemma 4 with `1 + w` ([`NormKind::RmsOnePlus`]);
@@ -426,14 +452,15 @@ impl HfConfig {
     /// ```
     /// use rope_cuda::{HfConfig, NormKind};
     /// let qwen3 = HfConfig::parse(r#"{"model_type": "qwen3", "head_dim": 128, "rms_norm_eps": 1e-6}"#)?;
-    /// assert_eq!(qwen3.qk_norm(0)?, Some((NormKind::Rms, 1e-6)));
+    /// let spec = qwen3.qk_norm(0)?.expect("Qwen3 normalizes each head");
+    /// assert_eq!((spec.kind(), spec.eps(), spec.weight_lens()), (NormKind::Rms, 1e-6, Some((128, 128))));
     /// let olmo2 = HfConfig::parse(r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6}"#)?;
-    /// assert_eq!(olmo2.qk_norm(0)?, Some((NormKind::RmsProjection, 1e-6)));
+    /// assert_eq!(olmo2.qk_norm(0)?.map(|s| s.kind()), Some(NormKind::RmsProjection));
     /// let llama = HfConfig::parse(r#"{"model_type": "llama", "rms_norm_eps": 1e-5}"#)?;
     /// assert_eq!(llama.qk_norm(0)?, None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn qk_norm(&self, layer: usize) -> Result<Option<(NormKind, f32)>> {
+    pub fn qk_norm(&self, layer: usize) -> Result<Option<QkNormSpec>> {
         let flag = |key: &str| match self.text.get(key) {
             Some(Value::Bool(b)) => Ok(*b),
             None | Some(Value::Null) => Ok(false),
@@ -459,7 +486,23 @@ impl HfConfig {
             }
             _ => return Ok(None),
         };
-        Ok(Some((kind, eps as f32)))
+        // The weights' lengths: a head's, or the whole projections'.
+        let heads = integer(&self.text, "num_attention_heads")?;
+        let kv_heads = integer(&self.text, "num_key_value_heads")?.or(heads);
+        let layer_type = self.layer_type(layer)?;
+        let head_dim = match self.head_dim_of(Some(layer), layer_type.as_deref())? {
+            Some(d) => Some(d),
+            None => match (integer(&self.text, "head_dim")?, integer(&self.text, "hidden_size")?, heads) {
+                (Some(d), _, _) => Some(d),
+                (None, Some(hidden), Some(h)) if h > 0 => Some(hidden / h),
+                _ => None,
+            },
+        };
+        let lens = match kind {
+            NormKind::RmsProjection => head_dim.zip(heads.zip(kv_heads)).map(|(d, (h, kv))| (h * d, kv * d)),
+            _ => head_dim.map(|d| (d, d)),
+        };
+        Ok(Some(QkNormSpec::new(kind, eps as f32, lens)))
     }
 
     /// The multi-head latent attention geometry of a model that has it (DeepSeek-V2 and V3,
@@ -473,7 +516,7 @@ impl HfConfig {
     /// let v3 = HfConfig::parse(r#"{"model_type": "deepseek_v3", "num_attention_heads": 128,
     ///     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}"#)?;
     /// let g = v3.mla()?;
-    /// assert_eq!((g.latent_width(), g.q_head_dim()), (576, 192));
+    /// assert_eq!((g.latent_width(), g.q_head_dim(), g.kv_norm_eps), (576, 192, 1e-6));
     /// let llama = HfConfig::parse(r#"{"model_type": "llama", "num_attention_heads": 32}"#)?;
     /// assert!(matches!(llama.mla(), Err(Error::Config(ConfigError::NoMla(_)))));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -498,6 +541,7 @@ impl HfConfig {
             qk_nope_head_dim: need("qk_nope_head_dim")?,
             v_head_dim: need("v_head_dim")?,
             num_heads: need("num_attention_heads")?,
+            kv_norm_eps: 1e-6,
         })
     }
 

@@ -114,6 +114,13 @@ mod table;
 mod tables;
 mod tensor;
 
+/// The README's examples, compiled with the doctests (not run: they need a GPU) so that they
+/// cannot drift from the API; the cudarc and candle ones need their features and are marked
+/// `ignore` there.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
 pub use config::{
     CosSin, DType, Direction, HeadGrouping, Mrope, MropeBands, RopeConfig, RopeStyle, AUTO_TABLE_BYTES,
     MAX_POSITION_LIMIT,
@@ -131,8 +138,8 @@ pub use kv::{
 };
 pub use layout::Layout;
 pub use mla::{validate_mla, MlaAppend, MlaCache, RawMlaArgs, RawMlaCache};
-pub use norm::{NormKind, QkNorm, RawMlaNorm, RawNorm, RawWeight};
-pub use operand::{Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
+pub use norm::{NormKind, QkNorm, QkNormSpec, RawMlaNorm, RawNorm, RawWeight};
+pub use operand::{CustElement, Element, Hold, Operand, OperandMut, Queue, Scalar, ScalarKind};
 pub use rope::{validate, RawArgs, Rope, RopeArgs};
 pub use rope_cuda_kernels::entries::EntryPoint;
 pub use rope_cuda_kernels::fp8::Fp8;

@@ -20,7 +20,7 @@ use crate::norm::{RawMlaNorm, RawWeight};
 use crate::operand::{on_stream, Element, Hold, Operand, OperandMut, Queue};
 use crate::rope::Rope;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
-use crate::RopeConfig;
+use crate::{MlaGeometry, RopeConfig};
 use rope_cuda_kernels::views::ErrorSink;
 
 /// An MLA latent cache: rows of `kv_lora_rank + rope_dim` elements, `[kv_c | k_pe]`, written
@@ -43,38 +43,43 @@ pub struct MlaCache<'a> {
 }
 
 impl<'a> MlaCache<'a> {
-    /// A paged latent cache: token `t` goes to slot `slots[t]`, row `slot % block_size` of block
-    /// `slot / block_size`; each row holds `kv_lora_rank` values of `kv_c`, then `k_pe`.
+    /// A paged latent cache of the model `geometry` ([`HfConfig::mla`](crate::HfConfig::mla)):
+    /// token `t` goes to slot `slots[t]`, row `slot % block_size` of block `slot /
+    /// block_size`; each row holds `kv_lora_rank` values of `kv_c`, then `k_pe`.
     ///
     /// ```
     /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
     /// use cust::memory::DeviceBuffer;
-    /// use rope_cuda::{Layout, MlaCache};
+    /// use rope_cuda::{HfConfig, Layout, MlaCache};
+    /// let v3 = HfConfig::parse(r#"{"model_type": "deepseek_v3", "num_attention_heads": 128,
+    ///     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}"#)?.mla()?;
     /// // DeepSeek-V3's: 4096 pages of 64 slots, rows of 512 + 64.
-    /// let mut c = DeviceBuffer::from_slice(&vec![half::bf16::ZERO; 4096 * 64 * 576])?;
-    /// let cache = MlaCache::paged(&mut c, Layout::bshd(4096, 64, 1, 576), 512);
-    /// assert!(cache.raw().paged);
+    /// let mut c = DeviceBuffer::from_slice(&vec![half::bf16::ZERO; 4096 * 64 * v3.latent_width()])?;
+    /// let cache = MlaCache::paged(&mut c, Layout::bshd(4096, 64, 1, v3.latent_width()), &v3);
+    /// assert!(cache.raw().paged && cache.raw().kv_lora_rank == 512);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn paged(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, kv_lora_rank: usize) -> Self {
-        MlaCache { paged: true, ..Self::contiguous(cache, layout, kv_lora_rank) }
+    pub fn paged(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, geometry: &MlaGeometry) -> Self {
+        MlaCache { paged: true, ..Self::contiguous(cache, layout, geometry) }
     }
 
-    /// A contiguous latent cache: token `s` of sequence `b` goes to row `position` of block `b`.
-    pub fn contiguous(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, kv_lora_rank: usize) -> Self {
+    /// A contiguous latent cache of the model `geometry`: token `s` of sequence `b` goes to
+    /// row `position` of block `b`.
+    pub fn contiguous(cache: impl OperandMut<'a, Elem: Element>, layout: Layout, geometry: &MlaGeometry) -> Self {
+        let kv_lora_rank = geometry.kv_lora_rank;
         MlaCache { rows: TensorMut::new(cache, layout), kv_lora_rank, paged: false, window: None, scale: None }
     }
 
-    /// A sliding-window latent cache: each sequence's block of `block_size` rows holds its
-    /// first `sinks` positions, then its latest in a ring, as
+    /// A sliding-window latent cache of the model `geometry`: each sequence's block of
+    /// `block_size` rows holds its first `sinks` positions, then its latest in a ring, as
     /// [`KvCache::window`](crate::KvCache::window)'s.
     pub fn window(
         cache: impl OperandMut<'a, Elem: Element>,
         layout: Layout,
-        kv_lora_rank: usize,
+        geometry: &MlaGeometry,
         sinks: usize,
     ) -> Self {
-        MlaCache { window: Some(sinks), ..Self::contiguous(cache, layout, kv_lora_rank) }
+        MlaCache { window: Some(sinks), ..Self::contiguous(cache, layout, geometry) }
     }
 
     /// The scale of an FP8 cache (one f32 for the whole row, as vLLM's and FlashInfer's MLA
@@ -147,7 +152,7 @@ impl RawMlaCache {
 /// order ([`MlaAppend::deinterleaved`]) and kv_c's norm ([`MlaAppend::kv_c_norm`]).
 ///
 /// ```no_run
-/// # use rope_cuda::{Layout, MlaAppend, MlaCache, Positions, Rope, Tensor, TensorMut};
+/// # use rope_cuda::{Layout, MlaAppend, MlaCache, MlaGeometry, Positions, Rope, Tensor, TensorMut};
 /// # use cust::memory::DeviceBuffer;
 /// # use half::bf16;
 /// # fn step(rope: &Rope, stream: &cust::stream::Stream, q: &mut DeviceBuffer<bf16>, kv_a: &DeviceBuffer<bf16>,
@@ -158,7 +163,7 @@ impl RawMlaCache {
 /// // The kv_a projection's output [t, 576]: kv_c the first 512 (after its norm), k_pe the last 64.
 /// let kv_c = Tensor::new(kv_a, Layout::strided([1, t, 1, 512], [t * 576, 576, 576], 0));
 /// let k_pe = Tensor::new(kv_a, Layout::strided([1, t, 1, 64], [t * 576, 576, 576], 512));
-/// let mut cache = MlaCache::paged(cache, Layout::bshd(4096, 64, 1, 576), 512);
+/// let mut cache = MlaCache::paged(cache, Layout::bshd(4096, 64, 1, 576), &MlaGeometry::new(512, 64, 128, 128, 128));
 /// let append = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(pos)).q_pe(&mut q_pe).slots(slots);
 /// rope.append_mla(append, stream)
 /// # }
@@ -216,8 +221,9 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
     /// `kv_c` normalized in the same launch (the model's `kv_a_layernorm`, which transformers
     /// applies to the latent before it is cached): each token's `x_i · r · w_i`, `r = 1 /
     /// sqrt(mean(x²) + eps)` over its `kv_lora_rank` elements, with `weight`
-    /// (`[kv_lora_rank]`, f32, f16 or bf16) and `eps` (the norm class's default in
-    /// transformers' DeepSeek and Kimi models: 1e-6). The statistic is summed in f32 and the
+    /// (`[kv_lora_rank]`, f32, f16 or bf16) and `eps` (the model's
+    /// [`MlaGeometry::kv_norm_eps`]: the norm class's default in transformers' DeepSeek and
+    /// Kimi models, 1e-6, not the config's `rms_norm_eps`). The statistic is summed in f32 and the
     /// product `x · r · w` rounded once, to the cache's type (FP8: its quotient by the scale),
     /// where transformers rounds `x · r` to the input's type before the weight: the two agree
     /// within one unit in the last place of the input's type. `kv_c` itself is not modified.
@@ -403,7 +409,7 @@ impl Rope {
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::{CopyDestination, DeviceBuffer};
-    /// use rope_cuda::{Layout, MlaAppend, MlaCache, Positions, Rope, RopeConfig, RopeStyle, Tensor};
+    /// use rope_cuda::{Layout, MlaAppend, MlaCache, MlaGeometry, Positions, Rope, RopeConfig, RopeStyle, Tensor};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 128).style(RopeStyle::GptJ))?;
     /// // 2 tokens of one sequence: kv_c of 512, k_pe of 64; a paged cache of 4 pages of 8.
     /// let kv_c = DeviceBuffer::from_slice(&vec![2.0f32; 2 * 512])?;
@@ -411,7 +417,7 @@ impl Rope {
     /// let mut rows = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 576])?;
     /// let (pos, slots) = (DeviceBuffer::from_slice(&[0i32, 1])?, DeviceBuffer::from_slice(&[9i64, 10])?);
     /// let (c, k) = (Tensor::new(&kv_c, Layout::bshd(1, 2, 1, 512)), Tensor::new(&k_pe, Layout::bshd(1, 2, 1, 64)));
-    /// let mut cache = MlaCache::paged(&mut rows, Layout::bshd(4, 8, 1, 576), 512);
+    /// let mut cache = MlaCache::paged(&mut rows, Layout::bshd(4, 8, 1, 576), &MlaGeometry::new(512, 64, 128, 128, 128));
     /// rope.append_mla(MlaAppend::new(&c, &k, &mut cache, Positions::ids_i32(&pos)).slots(&slots), &stream)?;
     /// rope.check_errors(&stream)?;
     /// let mut host = vec![0.0f32; 4 * 8 * 576];

@@ -155,6 +155,100 @@ impl<'a> QkNorm<'a> {
     }
 }
 
+/// A model's QK-norm as its `config.json` gives it ([`HfConfig::qk_norm`](crate::HfConfig::qk_norm)):
+/// the kind, `eps` and, where the config has the sizes, the weights' lengths, which
+/// [`QkNormSpec::weights`] checks when it makes the [`QkNorm`] of the model's weights. Engines
+/// build any model's norm through it without matching on [`NormKind`].
+///
+/// ```
+/// use rope_cuda::{Error, HfConfig, NormKind};
+/// let olmo2 = HfConfig::parse(r#"{"model_type": "olmo2", "rms_norm_eps": 1e-6, "hidden_size": 4096,
+///     "num_attention_heads": 32, "num_key_value_heads": 8}"#)?;
+/// let spec = olmo2.qk_norm(0)?.expect("OLMo 2 normalizes q and k");
+/// assert_eq!((spec.kind(), spec.eps(), spec.takes_weights()), (NormKind::RmsProjection, 1e-6, true));
+/// // The whole projections' weights: [32 × 128] and [8 × 128]; per-head weights are refused.
+/// assert_eq!(spec.weight_lens(), Some((4096, 1024)));
+/// assert!(spec.check(4096, 1024).is_ok());
+/// assert!(matches!(spec.check(128, 128), Err(Error::Length { what: "q norm weights", .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QkNormSpec {
+    kind: NormKind,
+    eps: f32,
+    lens: Option<(usize, usize)>,
+}
+
+impl QkNormSpec {
+    /// A norm of `kind` with `eps`, its weights `lens` elements long (q's, k's) where known.
+    pub(crate) fn new(kind: NormKind, eps: f32, lens: Option<(usize, usize)>) -> Self {
+        let lens = if kind == NormKind::RmsUnit { None } else { lens };
+        QkNormSpec { kind, eps, lens }
+    }
+
+    /// The kind of norm.
+    pub fn kind(&self) -> NormKind {
+        self.kind
+    }
+
+    /// The model's `rms_norm_eps`.
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+
+    /// Whether the norm has weights (all kinds but [`NormKind::RmsUnit`]).
+    pub fn takes_weights(&self) -> bool {
+        self.kind != NormKind::RmsUnit
+    }
+
+    /// The lengths of q's and k's weights in elements, where the config gives the sizes:
+    /// `head_dim` each, or the whole projections' `heads × head_dim` and `kv_heads × head_dim`
+    /// ([`NormKind::RmsProjection`]); `None` for [`NormKind::RmsUnit`].
+    pub fn weight_lens(&self) -> Option<(usize, usize)> {
+        self.lens
+    }
+
+    /// Checks weights of `q_len` and `k_len` elements against [`QkNormSpec::weight_lens`]
+    /// ([`Error::Length`] for a mismatch: per-head weights given to a whole-projection norm,
+    /// or the other way round), and that the kind takes weights ([`Error::Norm`]).
+    pub fn check(&self, q_len: usize, k_len: usize) -> Result<()> {
+        if !self.takes_weights() {
+            return Err(Error::Norm("this model's QK-norm has no weights: use QkNormSpec::unweighted"));
+        }
+        if let Some((q, k)) = self.lens {
+            for (what, want, got) in [("q norm weights", q, q_len), ("k norm weights", k, k_len)] {
+                if want != got {
+                    return Err(Error::Length { what, shape: vec![want], expected: want, got });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The norm with the model's weights `q_weight` and `k_weight` (its `q_norm` and `k_norm`
+    /// tensors), checked as [`QkNormSpec::check`] says.
+    pub fn weights<'a, E: Element>(
+        &self,
+        q_weight: impl Operand<'a, Elem = E>,
+        k_weight: impl Operand<'a, Elem = E>,
+    ) -> Result<QkNorm<'a>> {
+        let (q, k) = (q_weight.lend(), k_weight.lend());
+        self.check(q.1, k.1)?;
+        let weight = |(ptr, len, _): (u64, usize, Hold<'a>)| RawWeight { ptr, len, dtype: E::DTYPE };
+        let raw = RawNorm { kind: self.kind, eps: self.eps, q_weight: Some(weight(q)), k_weight: Some(weight(k)) };
+        Ok(QkNorm { raw, holds: [Some(q.2), Some(k.2)] })
+    }
+
+    /// The norm of a kind without weights ([`NormKind::RmsUnit`]: Llama 4's); [`Error::Norm`]
+    /// for the kinds that take them.
+    pub fn unweighted<'a>(&self) -> Result<QkNorm<'a>> {
+        match self.takes_weights() {
+            true => Err(Error::Norm("this model's QK-norm takes weights: use QkNormSpec::weights")),
+            false => Ok(QkNorm::unit(self.eps)),
+        }
+    }
+}
+
 /// Checks `norm` for heads of `head_dim` elements and makes its view: `eps` finite and
 /// positive, weights where the kind takes them (and only there), each of one type (f32, f16
 /// or bf16), aligned for it, of `head_dim` elements (a whole-projection norm: `heads[i] ×

@@ -51,6 +51,29 @@ pub trait Element: Scalar {
     const DTYPE: DType;
 }
 
+/// An [`Element`] that cust's buffers hold: every element type but the feature `cudarc`'s
+/// half 2 `f16` and `bf16` (cust's `DeviceCopy` is for half 1.8's). The one bound generic code
+/// over the crate's element types needs to upload, download and pass cust buffers.
+///
+/// ```
+/// use cust::memory::{CopyDestination, DeviceBuffer};
+/// use rope_cuda::{CustElement, DType};
+///
+/// /// A host slice to the device and back, for any element type the kernels take.
+/// fn round_trip<T: CustElement + Default>(host: &[T]) -> cust::error::CudaResult<Vec<T>> {
+///     let dev = DeviceBuffer::from_slice(host)?;
+///     let mut back = vec![T::default(); host.len()];
+///     dev.copy_to(&mut back[..])?;
+///     Ok(back)
+/// }
+/// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+/// let back = round_trip(&[half::bf16::ONE, half::bf16::ZERO])?;
+/// assert_eq!((back[0], <half::bf16 as rope_cuda::Element>::DTYPE), (half::bf16::ONE, DType::BF16));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait CustElement: Element + DeviceCopy {}
+impl<T: Element + DeviceCopy> CustElement for T {}
+
 /// `Scalar` and `Element` for float types, each with its [`DType`] variant.
 macro_rules! elements {
     ($($t:ty => $dtype:ident),* $(,)?) => {$(

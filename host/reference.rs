@@ -4,7 +4,6 @@
 use rope_cuda_kernels::math::{inv_freq, turns_at, turns_of, Turns};
 
 use crate::config::{Direction, Mrope, RopeStyle};
-use crate::operand::Element;
 
 /// RoPE of one row (one head of one token) in f64, computed from scratch.
 ///
@@ -161,7 +160,7 @@ pub fn rope_neox_row(x: &[f64], position: f64, base: f64) -> Vec<f64> {
 }
 
 /// What comparing kernel outputs with the f64 reference needs of an element type.
-pub trait RefElem: Element + cust::memory::DeviceCopy + Copy + Default + std::fmt::Debug {
+pub trait RefElem: crate::operand::CustElement + Copy + Default + std::fmt::Debug {
     /// `f32`, `f16` or `bf16`.
     const NAME: &'static str;
     /// A NaN bit pattern no arithmetic produces.

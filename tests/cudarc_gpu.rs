@@ -226,8 +226,11 @@ fn mla_append_on_cudarc_buffers() {
         let mut qv = TensorMut::new((&mut dq, &stream), q_pe);
         let (kv_c, k_pe) = (Tensor::new((&dkv, &stream), cl), Tensor::new((&dkv, &stream), kl));
         // A bad call names the wrong kv_lora_rank.
-        let mut cache =
-            rope_cuda::MlaCache::paged((&mut dc, &stream), Layout::bshd(blocks, bs, 1, w), rank - 8 * bad as usize);
+        let mut cache = rope_cuda::MlaCache::paged(
+            (&mut dc, &stream),
+            Layout::bshd(blocks, bs, 1, w),
+            &rope_cuda::MlaGeometry::new(rank - 8 * bad as usize, 64, 128, 128, 128),
+        );
         let args = rope_cuda::MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32((&dids, &stream)))
             .slots((&dslots, &stream))
             .q_pe(&mut qv);

@@ -10,7 +10,7 @@ mod common;
 use common::{data_file, download_t, gpu, poisoned, upload_t, Gpu, Reader};
 use rope_cuda::reference::{rms_norm_row, rope_row_freqs};
 use rope_cuda::{
-    DType, Direction, HfConfig, KvAppend, KvCache, Layout, NormKind, Positions, QkNorm, Rope, RopeConfig, Tensor,
+    DType, Direction, HfConfig, KvAppend, KvCache, Layout, NormKind, Positions, QkNormSpec, Rope, RopeConfig, Tensor,
     TensorMut,
 };
 
@@ -61,8 +61,8 @@ fn assert_close(what: &str, got: &[f64], want: &[f32], dim: usize) {
     }
 }
 
-/// Each layer's (RoPE configuration in f32, norm kind and eps, q's record, k's record).
-fn layers(config: &HfConfig, records: &[Record]) -> Vec<(RopeConfig, (NormKind, f32), usize, usize)> {
+/// Each layer's (RoPE configuration in f32, its norm from the config, q's record, k's record).
+fn layers(config: &HfConfig, records: &[Record]) -> Vec<(RopeConfig, QkNormSpec, usize, usize)> {
     let mut out = Vec::new();
     for (qi, q) in records.iter().enumerate().filter(|(_, r)| r.which == 0) {
         let ki = records.iter().position(|r| r.layer == q.layer && r.which == 1).expect("k's record");
@@ -79,7 +79,14 @@ fn the_f64_reference_matches_transformers() {
         let (config, positions, records) = load(model);
         let found = layers(&config, &records);
         assert!(!found.is_empty(), "{model}: no layer recorded");
-        for (rope, (kind, eps), qi, ki) in found {
+        for (rope, spec, qi, ki) in found {
+            let (kind, eps) = (spec.kind(), spec.eps());
+            // The recorded weights have the lengths the config's sizes give.
+            let len = |r: &Record| r.weight.as_ref().map(|w| w.len());
+            match (len(&records[qi]), len(&records[ki])) {
+                (Some(q), Some(k)) => spec.check(q, k).unwrap(),
+                _ => assert!(!spec.takes_weights(), "{model}: a weighted norm without recorded weights"),
+            }
             let (freqs, attention) = rope.frequencies().unwrap();
             let offset = if kind == NormKind::RmsOnePlus { 1.0 } else { 0.0 };
             for r in [&records[qi], &records[ki]] {
@@ -116,7 +123,7 @@ fn gpu_model(g: &Gpu, model: &str) {
     let ids: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
     let slots: Vec<i64> = (0..seq as i64).collect();
     let (dpos, dslots) = (upload_t(&ids), upload_t(&slots));
-    for (rope_config, (kind, eps), qi, ki) in layers(&config, &records) {
+    for (rope_config, spec, qi, ki) in layers(&config, &records) {
         let (q, k) = (&records[qi], &records[ki]);
         let (d, hq, hk) = (q.dim, q.heads, k.heads);
         let rope = Rope::new(&g.kernels, rope_config).unwrap();
@@ -130,11 +137,11 @@ fn gpu_model(g: &Gpu, model: &str) {
             let mut qt = TensorMut::new(&mut dq, Layout::bshd(1, seq, hq, d));
             let (kt, vt) =
                 (Tensor::new(&dk, Layout::bshd(1, seq, hk, d)), Tensor::new(&dv, Layout::bshd(1, seq, hk, d)));
-            let norm = match kind {
-                NormKind::Rms => QkNorm::rms(&qw, &kw, eps),
-                NormKind::RmsOnePlus => QkNorm::gemma(&qw, &kw, eps),
-                NormKind::RmsProjection => QkNorm::olmo(&qw, &kw, eps),
-                _ => QkNorm::unit(eps),
+            // The config's norm with the recorded weights (checked against the config's
+            // sizes), as an engine builds it: no match on the kind.
+            let norm = match spec.takes_weights() {
+                true => spec.weights(&qw, &kw).unwrap(),
+                false => spec.unweighted().unwrap(),
             };
             let args =
                 KvAppend::new(&kt, &vt, &mut cache, Positions::ids_i32(&dpos)).q(&mut qt).slots(&dslots).norm(norm);

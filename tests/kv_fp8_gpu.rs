@@ -445,14 +445,15 @@ fn read_case<T: TestElem, F: Code>(g: &Gpu, seed: u64, per_head: bool, paged: bo
     let (mut ko, mut vo) = (upload_t(&vec![poison; b * s * hk * d]), upload_t(&vec![poison; b * s * hk * d]));
     let rope = Rope::new(&g.kernels, RopeConfig::new(d, MAX_POS)).unwrap();
     let scales = if per_head { KvScales::per_head(&dks, &dvs) } else { KvScales::per_tensor(&dks, &dvs) };
-    let cache = match paged {
-        true => KvCache::paged(&mut kc, &mut vc, layout),
-        false => KvCache::contiguous(&mut kc, &mut vc, layout),
-    }
-    .scales(scales);
     {
         let (mut kt, mut vt) = (TensorMut::new(&mut ko, out_l), TensorMut::new(&mut vo, out_l));
-        rope.read_kv(rope_cuda::KvRead::new(&cache, &dslots).k(&mut kt).v(&mut vt), &g.stream).unwrap();
+        // A paged cache read through shared borrows (`KvRead::shared`), the contiguous one
+        // through the `KvCache` an append writes.
+        let read = match paged {
+            true => rope_cuda::KvRead::shared(&kc, &vc, layout, scales, &dslots),
+            false => rope_cuda::KvRead::new(&KvCache::contiguous(&mut kc, &mut vc, layout).scales(scales), &dslots),
+        };
+        rope.read_kv(read.k(&mut kt).v(&mut vt), &g.stream).unwrap();
     }
     rope.check_errors(&g.stream).unwrap();
     let (ko, vo): (Vec<T>, Vec<T>) = (download_t(&ko), download_t(&vo));

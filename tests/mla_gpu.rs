@@ -19,14 +19,23 @@ use half::{bf16, f16};
 use rope_cuda::reference::rms_norm_row;
 use rope_cuda::reference::{rope_row, uniform_vec};
 use rope_cuda::{
-    CosSin, DType, Direction, Element, Error, Graph, Layout, MlaAppend, MlaCache, PositionKind, Positions, RawMlaArgs,
-    RawMlaNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3, F8E5M2,
+    CosSin, DType, Direction, Error, Graph, Layout, MlaAppend, MlaCache, MlaGeometry, PositionKind, Positions,
+    RawMlaArgs, RawMlaNorm, RawPositions, RawTensor, RawWeight, Rope, RopeConfig, RopeStyle, Tensor, TensorMut, F8E4M3,
+    F8E5M2,
 };
 
 const MAX_POS: usize = 4096;
 const BASE: f64 = 10_000.0;
 /// kv_c's norm's `eps` (transformers' default for DeepSeek's `kv_a_layernorm`).
 const EPS: f32 = 1e-6;
+
+/// A latent cache's geometry of `kv_lora_rank` (the cache reads only the rank; DeepSeek-V3's
+/// other sizes), with `kv_a_layernorm`'s eps, which the tests' `EPS` is.
+fn geometry(kv_lora_rank: usize) -> MlaGeometry {
+    let g = MlaGeometry::new(kv_lora_rank, 64, 128, 128, 128);
+    assert_eq!(g.kv_norm_eps, EPS);
+    g
+}
 
 /// kv_c's norm in a case: none, weights of the inputs' type, or f32 weights (the norm's
 /// element-by-element weight loads).
@@ -155,7 +164,7 @@ impl<T: TestElem> Step<T> {
 
     /// Runs the append into a cache of `C` holding `cache0` (with `scale` for FP8) and returns
     /// the cache and q afterwards.
-    fn run<C: Element + DeviceCopy + Default + Clone>(
+    fn run<C: rope_cuda::CustElement + Default + Clone>(
         &self,
         g: &Gpu,
         c: &Case,
@@ -182,8 +191,8 @@ impl<T: TestElem> Step<T> {
         let k_buf = if c.fused { &dkv } else { &dk };
         {
             let mut cache = match c.paged {
-                true => MlaCache::paged(&mut dc, self.cache, c.rank),
-                false => MlaCache::contiguous(&mut dc, self.cache, c.rank),
+                true => MlaCache::paged(&mut dc, self.cache, &geometry(c.rank)),
+                false => MlaCache::contiguous(&mut dc, self.cache, &geometry(c.rank)),
             };
             if scale.is_some() {
                 cache = cache.scale(&dscale);
@@ -430,7 +439,7 @@ fn mla_append_replays_in_a_graph() {
     let mut dslots = upload_t(&[0i64, 1, 2, 3]);
     let graph = Graph::record(|| {
         let (kv_c, k_pe) = (Tensor::new(&dkv, cl), Tensor::new(&dkv, kl));
-        let mut cache = MlaCache::paged(&mut dc, s.cache, c.rank);
+        let mut cache = MlaCache::paged(&mut dc, s.cache, &geometry(c.rank));
         let mut q = TensorMut::new(&mut dq, c.q_layout());
         let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
         rope.append_mla(a, &g.stream)
@@ -489,9 +498,9 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
     let mut call = |rank: usize, k: &Tensor, slots: &DeviceBuffer<i64>, fp8: bool| {
         let mut q = TensorMut::new(&mut dq, c.q_layout());
         let mut cache = match fp8 {
-            false => MlaCache::paged(&mut dc, s.cache, rank),
+            false => MlaCache::paged(&mut dc, s.cache, &geometry(rank)),
             // No scale: refused.
-            true => MlaCache::paged(&mut d8, s.cache, rank),
+            true => MlaCache::paged(&mut d8, s.cache, &geometry(rank)),
         };
         let a = MlaAppend::new(&kv_c, k, &mut cache, Positions::ids_i32(&dpos)).slots(slots).q_pe(&mut q);
         rope.append_mla(a, &g.stream)
@@ -507,7 +516,7 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
     let cache_at = dc.as_device_ptr().as_raw();
     let mut normed = |w: RawWeight, eps: f32| {
         let mut q = TensorMut::new(&mut dq, c.q_layout());
-        let mut cache = MlaCache::paged(&mut dc, s.cache, 512);
+        let mut cache = MlaCache::paged(&mut dc, s.cache, &geometry(512));
         let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
         let args = RawMlaArgs { kv_c_norm: Some(RawMlaNorm { weight: w, eps }), ..a.raw() };
         // SAFETY: every address but the refused weights' is a live buffer of this context.
@@ -533,7 +542,7 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
     assert!(q_after.iter().zip(&q0).all(|(a, b)| a.to_bits() == b.to_bits()), "q changed");
     // The same call with its scale is accepted and writes.
     let mut q = TensorMut::new(&mut dq, c.q_layout());
-    let mut cache = MlaCache::paged(&mut d8, s.cache, 512).scale(&scale);
+    let mut cache = MlaCache::paged(&mut d8, s.cache, &geometry(512)).scale(&scale);
     let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
     rope.append_mla(a, &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();
@@ -611,7 +620,7 @@ fn mla_append_matches_transformers_deepseek_and_kimi() {
                 let mut qv = TensorMut::new(&mut dq, q_pe);
                 let kv_c = Tensor::new(&dkv, Layout::strided([1, seq, 1, rank], [seq * w, w, w], 0));
                 let k_pe = Tensor::new(&dkv, Layout::strided([1, seq, 1, pe], [seq * w, w, w], rank));
-                let mut cache = MlaCache::paged(&mut dc, cache_layout, rank);
+                let mut cache = MlaCache::paged(&mut dc, cache_layout, &geometry(rank));
                 let a =
                     MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut qv);
                 rope.append_mla(if ask { a.deinterleaved() } else { a }, &g.stream).unwrap();

@@ -120,7 +120,7 @@ fn reference(config: &RopeConfig, x: &[f64], positions: [i64; 3]) -> Vec<f64> {
 /// Models whose apply function writes the rotated pairs back de-interleaved (DeepSeek-V3's
 /// `apply_rotary_pos_emb_interleave`: pair `i`'s two outputs at `i` and `d / 2 + i`), where the
 /// library writes them where it read them (`2i`, `2i + 1`). The attention scores are the same
-/// (q and k are permuted alike; see the README).
+/// (q and k are permuted alike; see docs/models.md).
 const DEINTERLEAVED: &[&str] = &["deepseek_v3", "kimi_k2"];
 
 /// Asserts `got` (first `record.dim` dims of each row) is within 1e-5 of the row's largest

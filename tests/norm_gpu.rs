@@ -389,7 +389,9 @@ fn bad_norm_launches_nothing() {
 #[test]
 fn hf_configs_give_the_models_norms() {
     use rope_cuda::HfConfig;
-    let norm = |json: &str, layer: usize| HfConfig::parse(json).unwrap().qk_norm(layer);
+    let norm = |json: &str, layer: usize| {
+        HfConfig::parse(json).unwrap().qk_norm(layer).map(|s| s.map(|s| (s.kind(), s.eps())))
+    };
     let qwen3 = r#"{"model_type": "qwen3", "head_dim": 128, "rms_norm_eps": 1e-6}"#;
     assert_eq!(norm(qwen3, 3).unwrap(), Some((NormKind::Rms, 1e-6)));
     let vl = r#"{"model_type": "qwen3_vl", "text_config": {"model_type": "qwen3_vl_text", "rms_norm_eps": 1e-5}}"#;
@@ -419,6 +421,40 @@ fn hf_configs_give_the_models_norms() {
     }
     assert!(matches!(norm(r#"{"model_type": "qwen3", "rms_norm_eps": 0}"#, 0), Err(Error::Config(_))));
     assert!(matches!(norm(r#"{"model_type": "glm4_moe", "use_qk_norm": 1}"#, 0), Err(Error::Config(_))));
+}
+
+/// `HfConfig::qk_norm`'s spec knows the weights' lengths from the config's sizes and refuses a
+/// mix-up (a head's weights for a whole projection's norm, or the other way round) and weights
+/// where the kind has none, before any buffer is touched.
+#[test]
+fn qk_norm_specs_check_the_weights_lengths() {
+    use rope_cuda::HfConfig;
+    let spec = |json: &str| HfConfig::parse(json).unwrap().qk_norm(0).unwrap().expect("a norm");
+    let qwen3 = spec(
+        r#"{"model_type": "qwen3", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "rms_norm_eps": 1e-6}"#,
+    );
+    assert_eq!((qwen3.kind(), qwen3.weight_lens()), (NormKind::Rms, Some((128, 128))));
+    assert!(qwen3.takes_weights() && qwen3.check(128, 128).is_ok());
+    assert!(matches!(qwen3.check(4096, 1024), Err(Error::Length { what: "q norm weights", expected: 128, .. })));
+    assert!(matches!(qwen3.unweighted(), Err(Error::Norm(_))));
+    // OLMo 2: head_dim from hidden_size / heads; the projections' lengths.
+    let olmo2 = spec(
+        r#"{"model_type": "olmo2", "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "rms_norm_eps": 1e-6}"#,
+    );
+    assert_eq!((olmo2.kind(), olmo2.weight_lens()), (NormKind::RmsProjection, Some((2048, 2048))));
+    assert!(matches!(olmo2.check(128, 128), Err(Error::Length { what: "q norm weights", got: 128, .. })));
+    assert!(matches!(olmo2.check(2048, 128), Err(Error::Length { what: "k norm weights", got: 128, .. })));
+    // Llama 4's norm has no weights: `unweighted`, and weights refused.
+    let llama4 = spec(r#"{"model_type": "llama4_text", "use_qk_norm": true, "rms_norm_eps": 1e-5}"#);
+    assert_eq!((llama4.kind(), llama4.takes_weights(), llama4.weight_lens()), (NormKind::RmsUnit, false, None));
+    assert_eq!(llama4.unweighted().unwrap().raw().kind, NormKind::RmsUnit);
+    assert!(matches!(llama4.check(128, 128), Err(Error::Norm(_))));
+    // Without the sizes, the lengths are not known and not checked.
+    let bare = spec(r#"{"model_type": "gemma3_text", "rms_norm_eps": 1e-6}"#);
+    assert_eq!((bare.kind(), bare.weight_lens()), (NormKind::RmsOnePlus, None));
+    assert!(bare.check(7, 9).is_ok());
 }
 
 /// A normed decode step recorded with `Graph::record` and replayed gives the bits of the same

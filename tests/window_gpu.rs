@@ -10,8 +10,8 @@ use common::{check_close, download_t, gpu, row_at, test_seed, upload_t, Gpu, Tes
 use half::{bf16, f16};
 use rope_cuda::reference::{rope_row, splitmix64, uniform_vec};
 use rope_cuda::{
-    CosSin, DType, Direction, Error, KvAppend, KvCache, Layout, MlaAppend, MlaCache, PositionKind, Positions,
-    RawKvArgs, RawPositions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
+    CosSin, DType, Direction, Error, KvAppend, KvCache, Layout, MlaAppend, MlaCache, MlaGeometry, PositionKind,
+    Positions, RawKvArgs, RawPositions, Rope, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 const MAX_POS: usize = 1 << 15;
@@ -294,7 +294,7 @@ fn mla_window_rows() {
         let cache0 = conv(uniform_vec(s, 3, layout.extent().unwrap()));
         let (dkv, dk, dpos, mut dc) = (upload_t(&kv_c), upload_t(&k_pe), upload_t(&pos), upload_t(&cache0));
         {
-            let mut cache = MlaCache::window(&mut dc, layout, rank, sinks);
+            let mut cache = MlaCache::window(&mut dc, layout, &MlaGeometry::new(rank, 64, 128, 128, 128), sinks);
             let (kt, kp) = (
                 Tensor::new(&dkv, Layout::bshd(batch, seq, 1, rank)),
                 Tensor::new(&dk, Layout::bshd(batch, seq, 1, rope_dim)),
@@ -372,7 +372,7 @@ fn window_refusals_write_nothing() {
     let r0 = conv(uniform_vec(seed, 4, ml.extent().unwrap()));
     let mut rows = upload_t(&r0);
     {
-        let mut cache = MlaCache::window(&mut rows, ml, 64, 8);
+        let mut cache = MlaCache::window(&mut rows, ml, &MlaGeometry::new(64, 64, 128, 128, 128), 8);
         let got = rope.append_mla(MlaAppend::new(&kt, &vt, &mut cache, Positions::ids_i32(&dpos)), &g.stream);
         assert!(matches!(got, Err(Error::TooLarge { value: 8, limit: 7, .. })), "{got:?}");
     }

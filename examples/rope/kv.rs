@@ -236,9 +236,10 @@ fn step(
         let device = time_device(kernels, stream, 20, runs, || fused(&mut dq, &mut kc, &mut vc))?;
         // The same step captured once into a CUDA graph and replayed.
         let graph = Graph::capture(stream, || fused(&mut dq, &mut kc, &mut vc))?;
-        // SAFETY (every replay below): `rope` and the buffers the graphs name live to the end
-        // of this function, and each timing synchronises the stream before returning.
+        // SAFETY: `rope` and the buffers the graphs name (this one and those below) live to the
+        // end of this function, and each timing synchronises the stream before returning.
         let replay = time_device(kernels, stream, 20, runs, || unsafe { graph.launch(stream) })?;
+        // SAFETY: as the replay above: the graph's buffers outlive the timing, which synchronises.
         let replay_batched = time_batched(stream, 20, 50, 20, || unsafe { graph.launch(stream) })?;
         let batched = time_batched(stream, 20, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
         let host = host_time(kernels, stream, 50, 20, || fused(&mut dq, &mut kc, &mut vc))?;
@@ -248,7 +249,9 @@ fn step(
         let empty_device = time_device(kernels, stream, 20, runs, || empty(kernels, stream, blocks))?;
         // The yardstick of the graph rows: an empty kernel captured and replayed the same way.
         let empty_graph = Graph::capture(stream, || empty(kernels, stream, blocks))?;
+        // SAFETY: as the replay above: the graph's buffers outlive the timing, which synchronises.
         let empty_replay = time_device(kernels, stream, 20, runs, || unsafe { empty_graph.launch(stream) })?;
+        // SAFETY: as the replay above: the graph's buffers outlive the timing, which synchronises.
         let empty_replay_batched = time_batched(stream, 20, 50, 20, || unsafe { empty_graph.launch(stream) })?;
         // The floor of any step that reads its inputs before writing: a copy of the step's
         // bytes (q, k and v read, as many written), one 16-byte load and store per thread.
@@ -256,7 +259,9 @@ fn step(
         let (tsrc, mut tdst) = (upload(&seeded(17, step_elems))?, upload(&seeded(18, step_elems))?);
         let touch_device = time_device(kernels, stream, 20, runs, || touch(kernels, stream, &tsrc, &mut tdst))?;
         let touch_graph = Graph::capture(stream, || touch(kernels, stream, &tsrc, &mut tdst))?;
+        // SAFETY: as the replay above: the graph's buffers outlive the timing, which synchronises.
         let touch_replay = time_device(kernels, stream, 20, runs, || unsafe { touch_graph.launch(stream) })?;
+        // SAFETY: as the replay above: the graph's buffers outlive the timing, which synchronises.
         let touch_batched = time_batched(stream, 20, 50, 20, || unsafe { touch_graph.launch(stream) })?;
         let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128 paged 16");
         extra.push(KvRow {
@@ -526,7 +531,7 @@ fn layered_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<Vec
         }
         Ok(())
     })?;
-    // SAFETY (every replay below): the buffers and `rope` the graphs name live to the end of
+    // SAFETY: the buffers and `rope` the graphs name live to the end of
     // this function, and each timing synchronises the stream before returning.
     unsafe { graph.launch(stream)? };
     rope.check_errors(stream)?;
@@ -552,6 +557,7 @@ fn layered_decode(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<Vec
     let empties = Graph::record(|| (0..layers).try_for_each(|_| empty(kernels, stream, blocks)))?;
     let per_layer =
         |t: Timing| Timing { median_us: t.median_us / layers as f64, p90_us: t.p90_us / layers as f64, ..t };
+    // SAFETY: the buffers and `rope` the graphs name live to the end of this function; each timing synchronises the stream.
     let replay = |g: &Graph| time_batched(stream, 5, 50, 10, || unsafe { g.launch(stream) }).map(per_layer);
     let (op, copy, none) = (replay(&graph)?, replay(&copies)?, replay(&empties)?);
     let shape = format!("bf16 {seqs}x1 tok, {layers} layers, graph");
@@ -708,7 +714,7 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
     let weight: Vec<bf16> = seeded(37, rank).iter().map(|w| bf16::from_f32(0.5 + w.to_f32())).collect();
     let dw = upload(&weight)?;
     let call = |dq: &mut DeviceBuffer<bf16>, dc: &mut DeviceBuffer<bf16>, norm: bool| {
-        let mut cache = MlaCache::paged(dc, cache_layout, rank);
+        let mut cache = MlaCache::paged(dc, cache_layout, &rope_cuda::MlaGeometry::new(rank, 64, 128, 128, 128));
         let mut q = TensorMut::new(dq, q_pe);
         let (c, k) = (Tensor::new(&dkv, kv_c), Tensor::new(&dkv, k_pe));
         let a = MlaAppend::new(&c, &k, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);

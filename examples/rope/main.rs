@@ -337,6 +337,8 @@ fn model_case<T: RefElem>(
         .map(|(i, &n)| (0..n as u64).map(|j| T::from_f32(uniform(5, i as u64, j))).collect())
         .collect();
     let mut bufs: Vec<DeviceBuffer<T>> = host.iter().map(|h| DeviceBuffer::from_slice(h)).collect::<Result<_, _>>()?;
+    // SAFETY: uninitialized device memory of plain floats: the out-of-place launch below writes
+    // every output element before anything reads it (in place, the outputs are never read).
     let mut outs: Vec<DeviceBuffer<T>> =
         lens.iter().map(|&n| unsafe { DeviceBuffer::uninitialized(n) }).collect::<Result<_, _>>()?;
     let (qb, kb) = (0, lens.len() - 1);
@@ -397,6 +399,7 @@ fn model_case<T: RefElem>(
     let elems = tokens * (hq + hk) * moved;
     let bytes = (2 * elems * std::mem::size_of::<T>()) as u64;
     let src = DeviceBuffer::from_slice(&host.concat()[..elems])?;
+    // SAFETY: `dst` is only written (the copy below fills it) before it is read.
     let mut dst = unsafe { DeviceBuffer::<T>::uninitialized(elems)? };
     let runs = 30;
     let copy = time_op(stream, 5, runs, || copy_d2d(&src, &mut dst, stream))?;

@@ -10,23 +10,26 @@ use crate::error::{Error, Result};
 use crate::kernels::Geometry;
 use crate::launch::{check_axis, check_disjoint, check_u32, check_view, check_written, flat_geometry, heads_view};
 use crate::layout::Layout;
-use crate::operand::{on_stream, Hold, Operand, Queue};
+use crate::operand::{on_stream, Element, Hold, Operand, Queue};
 use crate::rope::Rope;
-use crate::tensor::{RawTensor, TensorMut};
+use crate::tensor::{RawTensor, Tensor, TensorMut};
 
 use super::call::{KvCall, KvOperand};
 use super::plan::cache_layout;
 use super::scales::check_scales;
-use super::{KvCache, RawKvCache};
+use super::{KvCache, KvScales, RawKvCache};
 
 /// FP8 cache rows read back into f32, f16 or bf16 ([`Rope::read_kv`]), for tests, debugging
 /// and engines that need part of the cache in 16 bits: row `r` of each output (`[batch, seq,
 /// kv_heads, head_dim]`, `r = b * seq + s`) is the row of slot `slots[r]` (`-1`: the output row
 /// is left as it is), each code's value times its kv head's scale, an f32 product rounded to
-/// the output's type. The caches are read, not written.
+/// the output's type. The caches are read, not written: [`KvRead::shared`] takes them through
+/// shared borrows, [`KvRead::new`] through a [`KvCache`] an engine already holds.
 #[derive(Debug)]
 pub struct KvRead<'r, 'a> {
-    cache: &'r KvCache<'a>,
+    cache: RawKvCache,
+    /// The caches' holds and their scales' (k, v).
+    holds: [Option<Hold<'a>>; 4],
     slots: (u64, usize, Hold<'a>),
     k: Option<&'r mut TensorMut<'a>>,
     v: Option<&'r mut TensorMut<'a>>,
@@ -36,8 +39,44 @@ impl<'r, 'a> KvRead<'r, 'a> {
     /// A read of `cache`'s rows at `slots` (one i64 per output row; a contiguous cache's slot
     /// of sequence `b`, position `p` is `b * seq_len + p`) into no output yet: add them with
     /// [`KvRead::k`] and [`KvRead::v`].
-    pub fn new(cache: &'r KvCache<'a>, slots: impl Operand<'a, Elem = i64>) -> Self {
-        KvRead { cache, slots: slots.lend(), k: None, v: None }
+    pub fn new(cache: &KvCache<'a>, slots: impl Operand<'a, Elem = i64>) -> Self {
+        let scales = cache.scales.as_ref();
+        let holds = [Some(cache.k.hold), Some(cache.v.hold), scales.map(|s| s.k.2), scales.map(|s| s.v.2)];
+        KvRead { cache: cache.raw(), holds, slots: slots.lend(), k: None, v: None }
+    }
+
+    /// A read of the FP8 caches `k` and `v` (of one `layout`, `[blocks, block_size, kv_heads,
+    /// head_dim]` as [`KvCache`] takes it; rows named by slot) with their `scales`, through
+    /// shared borrows: reading a cache does not need the exclusive ones a [`KvCache`] holds.
+    ///
+    /// ```
+    /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+    /// # let kernels = rope_cuda::Kernels::load()?;
+    /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
+    /// use cust::memory::DeviceBuffer;
+    /// use rope_cuda::{F8E4M3, KvRead, KvScales, Layout, Rope, RopeConfig, TensorMut};
+    /// let rope = Rope::new(&kernels, RopeConfig::new(64, 32))?;
+    /// let (k, v) = (DeviceBuffer::from_slice(&[F8E4M3(0x38); 4 * 8 * 64])?, DeviceBuffer::from_slice(&[F8E4M3(0x38); 4 * 8 * 64])?);
+    /// let scale = DeviceBuffer::from_slice(&[0.5f32])?;
+    /// let slots = DeviceBuffer::from_slice(&[3i64, 17])?;
+    /// let mut out = DeviceBuffer::from_slice(&[0.0f32; 2 * 64])?;
+    /// let mut rows = TensorMut::new(&mut out, Layout::bshd(1, 2, 1, 64));
+    /// // `&k` and `&v`: the caches stay shared (an attention kernel may read them too).
+    /// let read = KvRead::shared(&k, &v, Layout::bshd(4, 8, 1, 64), KvScales::per_tensor(&scale, &scale), &slots);
+    /// rope.read_kv(read.k(&mut rows), &stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shared(
+        k: impl Operand<'a, Elem: Element>,
+        v: impl Operand<'a, Elem: Element>,
+        layout: Layout,
+        scales: KvScales<'a>,
+        slots: impl Operand<'a, Elem = i64>,
+    ) -> Self {
+        let (k, v) = (Tensor::new(k, layout), Tensor::new(v, layout));
+        let holds = [Some(k.hold), Some(v.hold), Some(scales.k.2), Some(scales.v.2)];
+        let cache = RawKvCache::paged(k.raw, v.raw).scales(scales.raw());
+        KvRead { cache, holds, slots: slots.lend(), k: None, v: None }
     }
 
     /// The key rows into `out`.
@@ -55,7 +94,7 @@ impl<'r, 'a> KvRead<'r, 'a> {
     /// The read as device addresses, for [`Rope::read_kv_raw`].
     pub fn raw(&self) -> RawKvRead {
         RawKvRead {
-            cache: self.cache.raw(),
+            cache: self.cache,
             slots: (self.slots.0, self.slots.1),
             k: self.k.as_ref().map(|t| t.raw),
             v: self.v.as_ref().map(|t| t.raw),
@@ -64,12 +103,12 @@ impl<'r, 'a> KvRead<'r, 'a> {
 
     /// Each buffer's name and hold.
     fn holds(&self) -> [(&'static str, Option<&Hold<'a>>); 7] {
-        let scales = self.cache.scales.as_ref();
+        let h = &self.holds;
         [
-            ("k cache", Some(&self.cache.k.hold)),
-            ("v cache", Some(&self.cache.v.hold)),
-            ("k scales", scales.map(|s| &s.k.2)),
-            ("v scales", scales.map(|s| &s.v.2)),
+            ("k cache", h[0].as_ref()),
+            ("v cache", h[1].as_ref()),
+            ("k scales", h[2].as_ref()),
+            ("v scales", h[3].as_ref()),
             ("slots", Some(&self.slots.2)),
             ("k out", self.k.as_ref().map(|t| &t.hold)),
             ("v out", self.v.as_ref().map(|t| &t.hold)),

@@ -31,7 +31,7 @@ pub const fn heads_per_thread(vector: bool, neox: bool, elem_size: usize, comput
 /// entry point (the `_d` and `_s` ones take 1). GPT-J `_v` kernels take 1 too: with more,
 /// LLVM keeps their lane arrays in local memory inside this larger kernel. So do the `_v`
 /// kernels with a per-head norm (`head_norm`, QK-norm): at one head NeoX bf16 `_v_n` takes 64
-/// registers on sm_90, at two 96 (20 warps an SM, latency-bound: BENCHMARKS.md, 2026-12-06).
+/// registers on sm_90, at two 96 (20 warps an SM, latency-bound: docs/bench-log/2026-12-06.md).
 pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize, head_norm: bool) -> u32 {
     match (vector, gptj, elem_size) {
         (false, _, _) | (_, true, _) => 1,

@@ -286,7 +286,7 @@ pub fn model_golden(name: &str) -> ModelGolden {
 // FP8 caches' tests.
 
 /// An FP8 cache element type.
-pub trait Code: rope_cuda::Element + cust::memory::DeviceCopy + Copy + Default + std::fmt::Debug {
+pub trait Code: rope_cuda::CustElement + Copy + Default + std::fmt::Debug {
     const FMT: rope_cuda::Fp8;
     fn of(b: u8) -> Self;
     fn byte(self) -> u8;
