@@ -20,8 +20,12 @@
 //!
 //! Settings: `ROPE_CUDA_ARCH` (default: every architecture of `ARCHS`; one, or a
 //! comma-separated list, builds only those) and `ROPE_CUDA_KERNEL_TOOLCHAIN` (default: the
-//! channel of `rust-toolchain.toml`). Where `DOCS_RS` is set (docs.rs: no GPU toolchain), no
-//! PTX is embedded.
+//! channel of `rust-toolchain.toml`). Where `DOCS_RS` is set (docs.rs: no GPU toolchain) or
+//! `ROPE_CUDA_SKIP_PTX` (local docs and checks: `ROPE_CUDA_SKIP_PTX=1 cargo doc`), no PTX is
+//! embedded, and a binary built so loads no kernel (`Kernels::load` returns `Error::Arch`,
+//! nothing embedded). Set `ROPE_CUDA_SKIP_PTX`, not `DOCS_RS`, outside docs.rs: cust_raw's build
+//! script, under `DOCS_RS`, records neither `-lcuda` nor a rerun trigger, so a later plain build
+//! in the same target directory fails to link.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -45,13 +49,14 @@ fn main() {
     println!("cargo:rerun-if-changed={}", source.join("src").display());
     println!("cargo:rerun-if-changed={}", source.join("Cargo.toml").display());
     println!("cargo:rerun-if-env-changed=DOCS_RS");
+    println!("cargo:rerun-if-env-changed=ROPE_CUDA_SKIP_PTX");
     // The cudarc API comes with either feature: `cudarc`, or `candle`, whose CUDA tensors hold
     // cudarc's buffers.
     println!("cargo:rustc-check-cfg=cfg(rope_cudarc)");
     if env::var_os("CARGO_FEATURE_CUDARC").is_some() || env::var_os("CARGO_FEATURE_CANDLE").is_some() {
         println!("cargo:rustc-cfg=rope_cudarc");
     }
-    if env::var_os("DOCS_RS").is_some() {
+    if env::var_os("DOCS_RS").is_some() || env::var_os("ROPE_CUDA_SKIP_PTX").is_some() {
         write_ptx(&out, &[]);
         return;
     }

@@ -13,7 +13,7 @@
 use cust::sys as cuda;
 
 use crate::error::{Error, Result};
-use crate::kv::{plan_kv, KvCall, KvOperand, KvSpec, RawKvArgs, RawKvCache, RawScales};
+use crate::kv::{plan_kv, Fp8Scale, KvCall, KvOperand, KvSpec, RawKvArgs, RawKvCache, RawScales};
 use crate::launch::detached_source;
 use crate::layout::Layout;
 use crate::norm::{RawMlaNorm, RawWeight};
@@ -86,7 +86,7 @@ impl<'a> MlaCache<'a> {
     /// caches keep it), which FP8 caches need and others refuse: the code stored for a value
     /// `x` is that of `x / scale` (the f32 quotient), `k_pe` rotated in f32 first and rounded
     /// once. Read from device memory at each launch.
-    pub fn scale(mut self, scale: impl Operand<'a, Elem = f32>) -> Self {
+    pub fn scale(mut self, scale: Fp8Scale<'a>) -> Self {
         self.scale = Some(scale.lend());
         self
     }

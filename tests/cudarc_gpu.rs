@@ -402,7 +402,7 @@ fn fp8_cache_on_cudarc_buffers() {
         let mut cache = KvCache::paged((&mut dkc, &stream), (&mut dvc, &stream), layout)
             .scales(KvScales::per_head((&dks, &stream), (&dvs, &stream)));
         let args = KvAppend::new(&kv, &vv, &mut cache, Positions::ids_i32((&dids, &stream)))
-            .q_fp8(&qv, &mut q8, (&dqs, &stream))
+            .q_fp8(&qv, &mut q8, rope_cuda::Fp8Scale::new((&dqs, &stream)))
             .slots((&dslots, &stream));
         rope.append_kv(args, &stream).unwrap();
         let mut o = TensorMut::new((&mut out, &stream), Layout::packed(tokens, hk, d));

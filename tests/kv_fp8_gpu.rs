@@ -120,7 +120,8 @@ fn append_case<T: TestElem, F: Code>(g: &Gpu, c: Case, seed: u64) -> usize {
             if hq > 0 && c.q_fp8 {
                 let q_in = Tensor::new(&dq, q_l);
                 let mut q_out = TensorMut::new(&mut dq8, q_l);
-                rope.append_kv(with_slots(args.q_fp8(&q_in, &mut q_out, &dqs)), &g.stream).unwrap();
+                rope.append_kv(with_slots(args.q_fp8(&q_in, &mut q_out, rope_cuda::Fp8Scale::new(&dqs))), &g.stream)
+                    .unwrap();
             } else if hq > 0 {
                 let mut q = TensorMut::new(&mut dq, q_l);
                 rope.append_kv(with_slots(args.q(&mut q)), &g.stream).unwrap();
@@ -406,7 +407,10 @@ fn fp8_misuse_is_refused_before_launch() {
         let mut cache = KvCache::contiguous(&mut kc5, &mut vc, layout).scales(KvScales::per_tensor(&one, &one));
         let q = Tensor::new(&k, l);
         let mut out = TensorMut::new(&mut q8, l);
-        let e = rope.append_kv(KvAppend::new(&kt, &kt, &mut cache, pos()).q_fp8(&q, &mut out, &one), &g.stream);
+        let e = rope.append_kv(
+            KvAppend::new(&kt, &kt, &mut cache, pos()).q_fp8(&q, &mut out, rope_cuda::Fp8Scale::new(&one)),
+            &g.stream,
+        );
         assert!(matches!(e, Err(Error::DType { what: "q out", .. })), "{e:?}");
     }
     g.stream.synchronize().unwrap();

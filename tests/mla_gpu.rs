@@ -195,7 +195,7 @@ impl<T: TestElem> Step<T> {
                 false => MlaCache::contiguous(&mut dc, self.cache, &geometry(c.rank)),
             };
             if scale.is_some() {
-                cache = cache.scale(&dscale);
+                cache = cache.scale(rope_cuda::Fp8Scale::new(&dscale));
             }
             if c.raw {
                 let t = |b: &DeviceBuffer<T>, l| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), T::DTYPE, l);
@@ -542,7 +542,7 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
     assert!(q_after.iter().zip(&q0).all(|(a, b)| a.to_bits() == b.to_bits()), "q changed");
     // The same call with its scale is accepted and writes.
     let mut q = TensorMut::new(&mut dq, c.q_layout());
-    let mut cache = MlaCache::paged(&mut d8, s.cache, &geometry(512)).scale(&scale);
+    let mut cache = MlaCache::paged(&mut d8, s.cache, &geometry(512)).scale(rope_cuda::Fp8Scale::new(&scale));
     let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
     rope.append_mla(a, &g.stream).unwrap();
     rope.check_errors(&g.stream).unwrap();

@@ -218,6 +218,42 @@ impl<'a> KvScales<'a> {
     }
 }
 
+/// The one f32 scale of an FP8 buffer that has one ([`MlaCache::scale`](crate::MlaCache::scale),
+/// [`KvAppend::q_fp8`]): the code stored for a value `x` is that of `x / scale` (the f32
+/// quotient), as for each of [`KvScales`]' scales. Read from device memory when each launch
+/// runs.
+///
+/// ```
+/// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
+/// use cust::memory::DeviceBuffer;
+/// use rope_cuda::Fp8Scale;
+/// let q_scale = DeviceBuffer::from_slice(&[0.125f32])?;
+/// let scale = Fp8Scale::new(&q_scale);
+/// assert_eq!(scale.raw().1, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8Scale<'a> {
+    scale: (u64, usize, Hold<'a>),
+}
+
+impl<'a> Fp8Scale<'a> {
+    /// The scale in `scale` (one f32).
+    pub fn new(scale: impl Operand<'a, Elem = f32>) -> Self {
+        Fp8Scale { scale: scale.lend() }
+    }
+
+    /// The scale's device address and length in f32.
+    pub fn raw(&self) -> (u64, usize) {
+        (self.scale.0, self.scale.1)
+    }
+
+    /// Address, length and hold.
+    pub(crate) fn lend(self) -> (u64, usize, Hold<'a>) {
+        self.scale
+    }
+}
+
 /// The scales of FP8 caches as device addresses and lengths in f32 ([`KvScales`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawScales {
@@ -328,9 +364,9 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     }
 
     /// Also rotates the queries `q` into `out`, an FP8 buffer of q's shape and the caches'
-    /// format (FP8 caches only), each value divided by `scale`'s one f32 before the
-    /// conversion, as the caches' are: FP8 attention's queries. `q` itself is not modified.
-    pub fn q_fp8(mut self, q: &'r Tensor<'a>, out: &'r mut TensorMut<'a>, scale: impl Operand<'a, Elem = f32>) -> Self {
+    /// format (FP8 caches only), each value divided by `scale` before the conversion, as the
+    /// caches' are: FP8 attention's queries. `q` itself is not modified.
+    pub fn q_fp8(mut self, q: &'r Tensor<'a>, out: &'r mut TensorMut<'a>, scale: Fp8Scale<'a>) -> Self {
         self.q = Some(QArg::Fp8(q, out, scale.lend()));
         self
     }
