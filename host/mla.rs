@@ -262,8 +262,11 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
     }
 }
 
-/// Everything one MLA append takes, as device addresses ([`Rope::append_mla_raw`]).
+/// Everything one MLA append takes, as device addresses ([`Rope::append_mla_raw`]): built by
+/// [`MlaAppend::raw`] or by [`RawMlaArgs::new`] and the `with_*` methods, so that a field added
+/// later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RawMlaArgs {
     /// The queries' rotary parts `[batch, seq, heads, rope_dim]`, rotated in place.
     pub q_pe: Option<RawTensor>,
@@ -284,6 +287,36 @@ pub struct RawMlaArgs {
 }
 
 impl RawMlaArgs {
+    /// An append of the new latents `kv_c` and positional keys `k_pe` into `cache` at
+    /// `positions`: no queries, no slot mapping, pairs where they were read, no norm
+    /// ([`MlaAppend::new`]).
+    pub fn new(kv_c: RawTensor, k_pe: RawTensor, cache: RawMlaCache, positions: RawPositions) -> Self {
+        RawMlaArgs { q_pe: None, kv_c, k_pe, cache, positions, slots: None, deinterleaved: false, kv_c_norm: None }
+    }
+
+    /// Also rotates the queries' rotary parts `q_pe` in place, in the same launch
+    /// ([`MlaAppend::q_pe`]).
+    pub fn with_q_pe(self, q_pe: RawTensor) -> Self {
+        RawMlaArgs { q_pe: Some(q_pe), ..self }
+    }
+
+    /// The slot mapping of a paged cache: device address and length of the i64 slots, one
+    /// per token ([`MlaAppend::slots`]).
+    pub fn with_slots(self, slots: (u64, usize)) -> Self {
+        RawMlaArgs { slots: Some(slots), ..self }
+    }
+
+    /// Writes the rotated pairs de-interleaved (`true`) or where they were read (`false`, the
+    /// default) ([`MlaAppend::deinterleaved`]).
+    pub fn with_deinterleaved(self, deinterleaved: bool) -> Self {
+        RawMlaArgs { deinterleaved, ..self }
+    }
+
+    /// `kv_c`'s RMS norm in the same launch ([`MlaAppend::kv_c_norm`]).
+    pub fn with_kv_c_norm(self, kv_c_norm: RawMlaNorm) -> Self {
+        RawMlaArgs { kv_c_norm: Some(kv_c_norm), ..self }
+    }
+
     /// The append as the KV append it is: `k_pe` into a key cache of one head (the rows'
     /// last `rope_dim` elements), `kv_c` into a value cache of one head of `kv_lora_rank`
     /// (their first), one scale for both.
@@ -347,20 +380,17 @@ impl RawMlaArgs {
 /// // DeepSeek-V3's RoPE part: 64 dims, interleaved pairs.
 /// let config = RopeConfig::new(64, 4096).dtype(DType::BF16).style(RopeStyle::GptJ);
 /// let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
-/// let args = RawMlaArgs {
-///     q_pe: Some(t(1, Layout::strided([1, 64, 128, 64], [64 * 128 * 192, 128 * 192, 192], 128))),
-///     kv_c: t(2, Layout::bshd(1, 64, 1, 512)),
-///     k_pe: t(3, Layout::bshd(1, 64, 1, 64)),
-///     cache: RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 576)), 512),
-///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 64 },
-///     slots: Some((6 << 30, 64)),
-///     deinterleaved: false,
-///     kv_c_norm: None,
-/// };
+/// let (kv_c, k_pe) = (t(2, Layout::bshd(1, 64, 1, 512)), t(3, Layout::bshd(1, 64, 1, 64)));
+/// let cache = RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 576)), 512);
+/// let positions = RawPositions::new(PositionKind::IdsI32, 5 << 30, 64);
+/// let args = RawMlaArgs::new(kv_c, k_pe, cache, positions)
+///     .with_q_pe(t(1, Layout::strided([1, 64, 128, 64], [64 * 128 * 192, 128 * 192, 192], 128)))
+///     .with_slots((6 << 30, 64));
 /// assert_eq!(validate_mla(&config, &args), Ok(()));
 /// // A latent row of 512 + 32 does not hold this RoPE's 64 dims.
-/// let narrow = RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 544)), 512);
-/// assert!(matches!(validate_mla(&config, &RawMlaArgs { cache: narrow, ..args }), Err(Error::Shape { .. })));
+/// let mut narrow = args;
+/// narrow.cache = RawMlaCache::paged(t(4, Layout::bshd(4096, 64, 1, 544)), 512);
+/// assert!(matches!(validate_mla(&config, &narrow), Err(Error::Shape { .. })));
 /// ```
 pub fn validate_mla(config: &RopeConfig, args: &RawMlaArgs) -> Result<()> {
     config.validate()?;

@@ -37,8 +37,10 @@ pub enum NormKind {
     RmsProjection,
 }
 
-/// A weight buffer as device memory: address, length (elements) and element type.
+/// A weight buffer as device memory: address, length (elements) and element type. Built by
+/// [`RawWeight::new`] (or inside [`QkNorm::raw`]), so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawWeight {
     /// Device address.
     pub ptr: u64,
@@ -49,14 +51,22 @@ pub struct RawWeight {
 }
 
 impl RawWeight {
+    /// `len` weights of type `dtype` at device address `ptr`.
+    pub const fn new(ptr: u64, len: usize, dtype: DType) -> Self {
+        RawWeight { ptr, len, dtype }
+    }
+
     /// The weights as a one-row tensor, for the overlap checks against the written buffers.
     pub(crate) fn tensor(self) -> RawTensor {
         RawTensor::new(self.ptr, self.len, self.dtype, Layout::bshd(1, 1, 1, self.len))
     }
 }
 
-/// A QK-norm as device addresses ([`RawKvArgs::norm`](crate::RawKvArgs::norm)).
+/// A QK-norm as device addresses ([`RawKvArgs::norm`](crate::RawKvArgs::norm)): built by
+/// [`QkNorm::raw`] or by [`RawNorm::new`] and [`RawNorm::with_weights`], so that a field added
+/// later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RawNorm {
     /// The kind of norm.
     pub kind: NormKind,
@@ -68,6 +78,19 @@ pub struct RawNorm {
     /// k's weights (`[head_dim]`, `[kv_heads × head_dim]` for [`NormKind::RmsProjection`];
     /// none for [`NormKind::RmsUnit`]).
     pub k_weight: Option<RawWeight>,
+}
+
+impl RawNorm {
+    /// A norm of `kind` with `eps` and no weights (as [`NormKind::RmsUnit`] takes them; add
+    /// the weighted kinds' with [`RawNorm::with_weights`]).
+    pub fn new(kind: NormKind, eps: f32) -> Self {
+        RawNorm { kind, eps, q_weight: None, k_weight: None }
+    }
+
+    /// The weights of q's norm (`q_weight`) and of k's (`k_weight`).
+    pub fn with_weights(self, q_weight: RawWeight, k_weight: RawWeight) -> Self {
+        RawNorm { q_weight: Some(q_weight), k_weight: Some(k_weight), ..self }
+    }
 }
 
 /// The QK-norm of an append: its kind, `eps` and, for the weighted kinds, the weights of q's
@@ -318,14 +341,23 @@ fn inv(n: usize) -> f32 {
 /// The RMS norm of MLA's latent `kv_c` (its `kv_a_layernorm`) as device addresses
 /// ([`RawMlaArgs::kv_c_norm`](crate::RawMlaArgs::kv_c_norm)): `x_i · r · w_i`, `r = 1 /
 /// sqrt(mean(x²) + eps)` over the `kv_lora_rank` elements, the statistic in f32 and the
-/// product rounded once, at the store.
+/// product rounded once, at the store. Built by [`RawMlaNorm::new`] (or inside
+/// [`MlaAppend::raw`](crate::MlaAppend::raw)), so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RawMlaNorm {
     /// The weights, `[kv_lora_rank]` (f32, f16 or bf16).
     pub weight: RawWeight,
     /// Added to the mean of the squares (finite and positive; transformers' DeepSeek and Kimi
     /// models take the norm class's default, 1e-6, not `rms_norm_eps`).
     pub eps: f32,
+}
+
+impl RawMlaNorm {
+    /// The norm with weights `weight` (`[kv_lora_rank]`) and `eps`.
+    pub fn new(weight: RawWeight, eps: f32) -> Self {
+        RawMlaNorm { weight, eps }
+    }
 }
 
 /// Checks the values' norm for a head of `head_dim` elements of type `inputs` and makes its

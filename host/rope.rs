@@ -175,19 +175,11 @@ impl Rope {
     /// # let kernels = rope_cuda::Kernels::load()?;
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// use cust::memory::DeviceBuffer;
-    /// use rope_cuda::{DType, Direction, Layout, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
+    /// use rope_cuda::{DType, Layout, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
     /// let rope = Rope::new(&kernels, RopeConfig::new(64, 16))?;
     /// let q = DeviceBuffer::from_slice(&vec![1.0f32; 2 * 64])?;
     /// let raw = RawTensor::new(q.as_device_ptr().as_raw(), q.len(), DType::F32, Layout::bshd(1, 2, 1, 64));
-    /// let args = RawArgs {
-    ///     q: raw,
-    ///     q_out: None,
-    ///     k: None,
-    ///     k_out: None,
-    ///     positions: RawPositions::SEQUENTIAL,
-    ///     direction: Direction::Forward,
-    ///     norm: None,
-    /// };
+    /// let args = RawArgs::new(raw, RawPositions::SEQUENTIAL);
     /// // SAFETY: `q` is a live allocation of 128 f32 in this context, kept until the stream is
     /// // synchronised below.
     /// unsafe { rope.apply_raw(&args, stream.as_inner())? };
@@ -349,20 +341,13 @@ impl<'r, 'a> RopeArgs<'r, 'a> {
 /// kernels, which skip and record those out of range).
 ///
 /// ```
-/// use rope_cuda::{validate, DType, Direction, Error, Layout, RawArgs, RawPositions, RawTensor, RopeConfig};
+/// use rope_cuda::{validate, DType, Error, Layout, RawArgs, RawPositions, RawTensor, RopeConfig};
 /// let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
 /// let q = RawTensor::new(1 << 20, 2 * 8 * 128, DType::BF16, Layout::bshd(1, 2, 8, 128));
-/// let args = RawArgs {
-///     q,
-///     q_out: None,
-///     k: None,
-///     k_out: None,
-///     positions: RawPositions::SEQUENTIAL,
-///     direction: Direction::Forward,
-///     norm: None,
-/// };
+/// let args = RawArgs::new(q, RawPositions::SEQUENTIAL);
 /// assert_eq!(validate(&config, &args), Ok(()));
-/// let short = RawArgs { q: RawTensor { len: 100, ..q }, ..args };
+/// let mut short = args;
+/// short.q.len = 100;
 /// assert!(matches!(validate(&config, &short), Err(Error::OutOfBounds { what: "q", .. })));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -399,8 +384,10 @@ pub(crate) fn buffers(args: &RawArgs, positions: u64) -> [(&'static str, u64); 7
 
 /// Everything one RoPE launch takes, as device addresses. Each tensor carries its element
 /// type: q's and k's must be the configuration's, and each output's one a kernel writes from
-/// them (so far: the same).
+/// them (so far: the same). Built by [`RopeArgs::raw`] or by its constructor
+/// ([`RawArgs::new`]) and `with_*` methods, so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RawArgs {
     /// The queries.
     pub q: RawTensor,
@@ -416,6 +403,39 @@ pub struct RawArgs {
     pub direction: Direction,
     /// QK-norm of each head of q and k before the rotation ([`crate::RopeArgs::norm`]).
     pub norm: Option<RawNorm>,
+}
+
+impl RawArgs {
+    /// Rotates `q` in place at `positions`, forward: no k, no outputs, no norm
+    /// ([`RopeArgs::in_place`]).
+    pub fn new(q: RawTensor, positions: RawPositions) -> Self {
+        RawArgs { q, q_out: None, k: None, k_out: None, positions, direction: Direction::Forward, norm: None }
+    }
+
+    /// Also rotates the keys `k` (in place unless [`RawArgs::with_k_out`] names an output).
+    pub fn with_k(self, k: RawTensor) -> Self {
+        RawArgs { k: Some(k), ..self }
+    }
+
+    /// Writes rotated q into `q_out` instead of in place.
+    pub fn with_q_out(self, q_out: RawTensor) -> Self {
+        RawArgs { q_out: Some(q_out), ..self }
+    }
+
+    /// Writes rotated k into `k_out` instead of in place (with q out of place).
+    pub fn with_k_out(self, k_out: RawTensor) -> Self {
+        RawArgs { k_out: Some(k_out), ..self }
+    }
+
+    /// Rotates forward (the default) or back.
+    pub fn with_direction(self, direction: Direction) -> Self {
+        RawArgs { direction, ..self }
+    }
+
+    /// QK-norm of each head of q and k before the rotation ([`RopeArgs::norm`]).
+    pub fn with_norm(self, norm: RawNorm) -> Self {
+        RawArgs { norm: Some(norm), ..self }
+    }
 }
 
 /// One of q and k: input, output (the input again in place) and names for errors.

@@ -6,8 +6,11 @@ use crate::layout::Layout;
 use crate::operand::{Element, Hold, Operand, OperandMut};
 pub use rope_cuda_kernels::views::PositionKind;
 
-/// A device buffer of `len` elements of type `dtype` at address `ptr`, viewed through `layout`.
+/// A device buffer of `len` elements of type `dtype` at address `ptr`, viewed through `layout`:
+/// built by [`RawTensor::new`] (the typed doors' `raw()` give each [`Tensor`]'s), so that a
+/// field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawTensor {
     /// Device address (`CUdeviceptr`) of element 0 of the buffer.
     pub ptr: u64,
@@ -174,8 +177,11 @@ impl<'a> Positions<'a> {
 }
 
 /// Positions as a device address, for the raw entry points
-/// ([`Rope::apply_raw`](crate::Rope::apply_raw), [`Rope::append_kv_raw`](crate::Rope::append_kv_raw)).
+/// ([`Rope::apply_raw`](crate::Rope::apply_raw), [`Rope::append_kv_raw`](crate::Rope::append_kv_raw)):
+/// built by [`RawPositions::new`] or [`Positions::raw`] (or [`RawPositions::SEQUENTIAL`]), so
+/// that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawPositions {
     /// How they are read.
     pub kind: PositionKind,
@@ -189,4 +195,9 @@ pub struct RawPositions {
 impl RawPositions {
     /// Positions `0..seq` in every sequence.
     pub const SEQUENTIAL: RawPositions = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
+
+    /// `len` ids, offsets or streamed positions of `kind` at device address `ptr`.
+    pub const fn new(kind: PositionKind, ptr: u64, len: usize) -> Self {
+        RawPositions { kind, ptr, len }
+    }
 }

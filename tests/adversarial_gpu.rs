@@ -369,20 +369,13 @@ fn aliasing_q_and_k_is_a_typed_error() {
     let k_view = |offset| t(Layout::strided([1, 4, 1, d], [4 * d, d, d], offset));
     let cases = [
         // q's output over k's input.
-        (t(q), Some(t(out_at(16 * d))), Some(k_view(16 * d)), Some(k_view(32 * d))),
+        (t(q), t(out_at(16 * d)), k_view(16 * d), k_view(32 * d)),
         // k's output over q's input.
-        (t(q), Some(t(out_at(16 * d))), Some(k_view(32 * d)), Some(k_view(d))),
+        (t(q), t(out_at(16 * d)), k_view(32 * d), k_view(d)),
     ];
     for (q_in, q_out, k_in, k_out) in cases {
-        let args = RawArgs {
-            q: q_in,
-            q_out,
-            k: k_in,
-            k_out,
-            positions: RawPositions { kind: PositionKind::IdsI32, ptr: ids.as_device_ptr().as_raw(), len: 4 },
-            direction: Direction::Forward,
-            norm: None,
-        };
+        let positions = RawPositions::new(PositionKind::IdsI32, ids.as_device_ptr().as_raw(), 4);
+        let args = RawArgs::new(q_in, positions).with_q_out(q_out).with_k(k_in).with_k_out(k_out);
         // SAFETY: every address is inside `buf` or `ids`; the call is refused before launch.
         let e = unsafe { rope.apply_raw(&args, g.stream.as_inner()) };
         assert!(matches!(e, Err(Error::Aliasing { .. })), "{e:?}");

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{gpu, upload_t};
-use rope_cuda::{DType, Direction, Error, Layout, PositionKind, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
+use rope_cuda::{DType, Error, Layout, PositionKind, RawArgs, RawPositions, RawTensor, Rope, RopeConfig};
 
 /// A raw call whose q lies in no allocation (the caller broke `apply_raw`'s contract):
 /// the launch is queued (`Ok`), and the fault comes back from `check_errors` as `Err`.
@@ -18,15 +18,7 @@ fn device_fault_is_a_typed_error_at_the_next_sync() {
     // The first page of the address space: aligned, and never mapped (an address further up
     // may happen to fall in a mapping, and then nothing faults).
     let bogus = RawTensor::new(0x1000, 64 * 4 * 64, DType::BF16, Layout::bshd(1, 64, 4, 64));
-    let args = RawArgs {
-        q: bogus,
-        q_out: None,
-        k: None,
-        k_out: None,
-        positions: RawPositions { kind: PositionKind::IdsI32, ptr: ids.as_device_ptr().as_raw(), len: 64 },
-        direction: Direction::Forward,
-        norm: None,
-    };
+    let args = RawArgs::new(bogus, RawPositions::new(PositionKind::IdsI32, ids.as_device_ptr().as_raw(), 64));
     // SAFETY: deliberately not: `q` is no allocation. The kernel faults on the device; the
     // host must only see errors.
     let launched = unsafe { rope.apply_raw(&args, g.stream.as_inner()) };

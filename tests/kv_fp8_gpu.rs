@@ -95,16 +95,11 @@ fn append_case<T: TestElem, F: Code>(g: &Gpu, c: Case, seed: u64) -> usize {
         if c.raw {
             let t = |b: &DeviceBuffer<T>, l| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), T::DTYPE, l);
             let q8 = RawTensor::new(dq8.as_device_ptr().as_raw(), dq8.len(), F::DTYPE, q_l);
-            let args = RawKvArgs {
-                q: (hq > 0).then(|| t(&dq, q_l)),
-                q_fp8: (hq > 0 && c.q_fp8).then(|| RawQFp8 { out: q8, scale: (dqs.as_device_ptr().as_raw(), 1) }),
-                k: t(&dk, k_l),
-                v: t(&dv, k_l),
-                cache: cache_view.raw(),
-                positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: tokens },
-                slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
-                norm: None,
-            };
+            let positions = RawPositions::new(PositionKind::IdsI32, dpos.as_device_ptr().as_raw(), tokens);
+            let mut args = RawKvArgs::new(t(&dk, k_l), t(&dv, k_l), cache_view.raw(), positions);
+            args.q = (hq > 0).then(|| t(&dq, q_l));
+            args.q_fp8 = (hq > 0 && c.q_fp8).then(|| RawQFp8::new(q8, (dqs.as_device_ptr().as_raw(), 1)));
+            args.slots = dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len()));
             // SAFETY: every address is a live buffer of this context, alive until the sync.
             unsafe { rope.append_kv_raw(&args, g.stream.as_inner()) }.unwrap();
         } else {

@@ -298,16 +298,10 @@ fn append_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             // since one cust borrow cannot be both.
             let buf = upload_t(&q_host);
             let raw = |layout| RawTensor::new(buf.as_device_ptr().as_raw(), buf.len(), T::DTYPE, layout);
-            let args = RawKvArgs {
-                q: (hq > 0).then(|| raw(q_l)),
-                q_fp8: None,
-                k: raw(k_l),
-                v: raw(v_l),
-                cache: cache_view.raw(),
-                positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: tokens },
-                slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
-                norm: None,
-            };
+            let positions = RawPositions::new(PositionKind::IdsI32, dpos.as_device_ptr().as_raw(), tokens);
+            let mut args = RawKvArgs::new(raw(k_l), raw(v_l), cache_view.raw(), positions);
+            args.q = (hq > 0).then(|| raw(q_l));
+            args.slots = dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len()));
             // SAFETY: every address is a live buffer of this context, alive until the sync.
             unsafe { rope.append_kv_raw(&args, g.stream.as_inner()) }.unwrap();
             rope.check_errors(&g.stream).unwrap();

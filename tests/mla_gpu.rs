@@ -184,8 +184,8 @@ impl<T: TestElem> Step<T> {
         let (dw, dw32) = (upload_t(&own), upload_t(&w32));
         let weight = match c.norm {
             Norm::None => None,
-            Norm::Own => Some(RawWeight { ptr: dw.as_device_ptr().as_raw(), len: c.rank, dtype: T::DTYPE }),
-            Norm::F32 => Some(RawWeight { ptr: dw32.as_device_ptr().as_raw(), len: c.rank, dtype: DType::F32 }),
+            Norm::Own => Some(RawWeight::new(dw.as_device_ptr().as_raw(), c.rank, T::DTYPE)),
+            Norm::F32 => Some(RawWeight::new(dw32.as_device_ptr().as_raw(), c.rank, DType::F32)),
         };
         let (cl, kl) = c.input_layouts();
         let k_buf = if c.fused { &dkv } else { &dk };
@@ -199,20 +199,12 @@ impl<T: TestElem> Step<T> {
             }
             if c.raw {
                 let t = |b: &DeviceBuffer<T>, l| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), T::DTYPE, l);
-                let args = RawMlaArgs {
-                    q_pe: (c.heads > 0).then(|| t(&dq, c.q_layout())),
-                    kv_c: t(&dkv, cl),
-                    k_pe: t(k_buf, kl),
-                    cache: cache.raw(),
-                    positions: RawPositions {
-                        kind: PositionKind::IdsI32,
-                        ptr: dpos.as_device_ptr().as_raw(),
-                        len: c.tokens(),
-                    },
-                    slots: dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len())),
-                    deinterleaved: c.deint,
-                    kv_c_norm: weight.map(|weight| RawMlaNorm { weight, eps: EPS }),
-                };
+                let positions = RawPositions::new(PositionKind::IdsI32, dpos.as_device_ptr().as_raw(), c.tokens());
+                let mut args =
+                    RawMlaArgs::new(t(&dkv, cl), t(k_buf, kl), cache.raw(), positions).with_deinterleaved(c.deint);
+                args.q_pe = (c.heads > 0).then(|| t(&dq, c.q_layout()));
+                args.slots = dslots.as_ref().map(|s| (s.as_device_ptr().as_raw(), s.len()));
+                args.kv_c_norm = weight.map(|weight| RawMlaNorm::new(weight, EPS));
                 // SAFETY: every address is a live buffer of this context, alive until the sync.
                 unsafe { rope.append_mla_raw(&args, g.stream.as_inner()) }.unwrap();
             } else {
@@ -518,11 +510,11 @@ fn mla_misuse_is_refused_and_nothing_is_written() {
         let mut q = TensorMut::new(&mut dq, c.q_layout());
         let mut cache = MlaCache::paged(&mut dc, s.cache, &geometry(512));
         let a = MlaAppend::new(&kv_c, &k_pe, &mut cache, Positions::ids_i32(&dpos)).slots(&dslots).q_pe(&mut q);
-        let args = RawMlaArgs { kv_c_norm: Some(RawMlaNorm { weight: w, eps }), ..a.raw() };
+        let args = a.raw().with_kv_c_norm(RawMlaNorm::new(w, eps));
         // SAFETY: every address but the refused weights' is a live buffer of this context.
         unsafe { rope.append_mla_raw(&args, g.stream.as_inner()) }
     };
-    let weight = |b: u64, len: usize, dtype: DType| RawWeight { ptr: b, len, dtype };
+    let weight = |b: u64, len: usize, dtype: DType| RawWeight::new(b, len, dtype);
     let (at511, at512) = (w511.as_device_ptr().as_raw(), w512.as_device_ptr().as_raw());
     let e = normed(weight(at511, 511, DType::BF16), EPS);
     assert!(matches!(e, Err(Error::Length { what: "kv_c norm weight", expected: 512, got: 511, .. })), "{e:?}");

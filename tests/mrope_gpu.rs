@@ -300,15 +300,7 @@ fn mrope_misuse_is_a_typed_error() {
     // Positions of the wrong kind or shape.
     let config = RopeConfig::new(128, 4096).mrope(Some(Mrope::new([16, 24, 24], false)));
     let q = raw(1, Layout::bshd(2, 3, 4, 128));
-    let args = |kind, len| RawArgs {
-        q,
-        q_out: None,
-        k: None,
-        k_out: None,
-        positions: RawPositions { kind, ptr: 9 * BASE, len },
-        direction: Direction::Forward,
-        norm: None,
-    };
+    let args = |kind, len| RawArgs::new(q, RawPositions::new(kind, 9 * BASE, len));
     assert_eq!(validate(&config, &args(PositionKind::StreamsI32, 18)), Ok(()));
     assert!(matches!(validate(&config, &args(PositionKind::IdsI32, 6)), Err(Error::PositionKind { .. })));
     let plain = RopeConfig::new(128, 4096);
@@ -320,21 +312,16 @@ fn mrope_misuse_is_a_typed_error() {
     // The fused append needs a paged cache.
     let new = Layout::bshd(2, 3, 2, 128);
     let cache = Layout::bshd(2, 64, 2, 128);
-    let append = RawKvArgs {
-        q: Some(q),
-        q_fp8: None,
-        k: raw(2, new),
-        v: raw(3, new),
-        cache: RawKvCache::contiguous(raw(4, cache), raw(5, cache)),
-        positions: RawPositions { kind: PositionKind::StreamsI32, ptr: 9 * BASE, len: 18 },
-        slots: None,
-        norm: None,
-    };
+    let streams = RawPositions::new(PositionKind::StreamsI32, 9 * BASE, 18);
+    let append =
+        RawKvArgs::new(raw(2, new), raw(3, new), RawKvCache::contiguous(raw(4, cache), raw(5, cache)), streams)
+            .with_q(q);
     assert_eq!(validate_append(&config, &append), Err(Error::MropeCache));
-    let paged =
-        RawKvArgs { cache: RawKvCache::paged(append.cache.k, append.cache.v), slots: Some((10 * BASE, 6)), ..append };
+    let mut paged = append.with_slots((10 * BASE, 6));
+    paged.cache = RawKvCache::paged(append.cache.k, append.cache.v);
     assert_eq!(validate_append(&config, &paged), Ok(()));
-    let wrong = RawKvArgs { positions: RawPositions { kind: PositionKind::IdsI32, ptr: 9 * BASE, len: 6 }, ..paged };
+    let mut wrong = paged;
+    wrong.positions = RawPositions::new(PositionKind::IdsI32, 9 * BASE, 6);
     assert!(matches!(validate_append(&config, &wrong), Err(Error::PositionKind { .. })));
 }
 

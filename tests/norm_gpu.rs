@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    check_normed as check, download_t, gpu, norm_heads as heads, row_at, test_seed, upload_t, CacheKind, Draw, Gpu,
-    TestElem, TestNorm,
+    changed, check_normed as check, download_t, gpu, norm_heads as heads, row_at, test_seed, upload_t, CacheKind, Draw,
+    Gpu, TestElem, TestNorm,
 };
 use half::{bf16, f16};
 use rope_cuda::reference::uniform_vec;
@@ -226,68 +226,53 @@ fn raw_args(norm: Option<RawNorm>) -> RawKvArgs {
     let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
     let new = Layout::bshd(4, 1, 8, 128);
     let cache = Layout::bshd(64, 16, 8, 128);
-    RawKvArgs {
-        q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
-        q_fp8: None,
-        k: t(2, new),
-        v: t(3, new),
-        cache: RawKvCache::paged(t(4, cache), t(5, cache)),
-        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: 4 },
-        slots: Some((7 * GB, 4)),
-        norm,
-    }
+    let positions = RawPositions::new(PositionKind::IdsI32, 6 * GB, 4);
+    let mut args = RawKvArgs::new(t(2, new), t(3, new), RawKvCache::paged(t(4, cache), t(5, cache)), positions)
+        .with_q(t(1, Layout::bshd(4, 1, 32, 128)))
+        .with_slots((7 * GB, 4));
+    args.norm = norm;
+    args
 }
 
 fn weight(i: u64, len: usize, dtype: DType) -> Option<RawWeight> {
-    Some(RawWeight { ptr: i * GB, len, dtype })
+    Some(RawWeight::new(i * GB, len, dtype))
 }
 
 /// Every bad norm is a typed error from the plan alone (no GPU needed).
 #[test]
 fn bad_norms_are_typed_errors() {
     let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
-    let good = RawNorm {
-        kind: NormKind::Rms,
-        eps: 1e-6,
-        q_weight: weight(8, 128, DType::BF16),
-        k_weight: weight(9, 128, DType::BF16),
-    };
+    let good = RawNorm::new(NormKind::Rms, 1e-6)
+        .with_weights(RawWeight::new(8 * GB, 128, DType::BF16), RawWeight::new(9 * GB, 128, DType::BF16));
     validate_append(&config, &raw_args(Some(good))).unwrap();
-    validate_append(
-        &config,
-        &raw_args(Some(RawNorm { kind: NormKind::RmsUnit, q_weight: None, k_weight: None, ..good })),
-    )
-    .unwrap();
+    validate_append(&config, &raw_args(Some(RawNorm::new(NormKind::RmsUnit, good.eps)))).unwrap();
     type Expect = fn(&Error) -> bool;
     let cases: Vec<(&str, RawKvArgs, Expect)> = vec![
-        ("eps 0", raw_args(Some(RawNorm { eps: 0.0, ..good })), |e| matches!(e, Error::NormEps { .. })),
-        ("eps NaN", raw_args(Some(RawNorm { eps: f32::NAN, ..good })), |e| matches!(e, Error::NormEps { .. })),
-        ("eps < 0", raw_args(Some(RawNorm { eps: -1e-6, ..good })), |e| matches!(e, Error::NormEps { .. })),
-        ("eps inf", raw_args(Some(RawNorm { eps: f32::INFINITY, ..good })), |e| matches!(e, Error::NormEps { .. })),
-        ("no k weight", raw_args(Some(RawNorm { k_weight: None, ..good })), |e| matches!(e, Error::Norm(_))),
-        ("unit with weights", raw_args(Some(RawNorm { kind: NormKind::RmsUnit, ..good })), |e| {
+        ("eps 0", raw_args(Some(changed(good, |n| n.eps = 0.0))), |e| matches!(e, Error::NormEps { .. })),
+        ("eps NaN", raw_args(Some(changed(good, |n| n.eps = f32::NAN))), |e| matches!(e, Error::NormEps { .. })),
+        ("eps < 0", raw_args(Some(changed(good, |n| n.eps = -1e-6))), |e| matches!(e, Error::NormEps { .. })),
+        ("eps inf", raw_args(Some(changed(good, |n| n.eps = f32::INFINITY))), |e| matches!(e, Error::NormEps { .. })),
+        ("no k weight", raw_args(Some(changed(good, |n| n.k_weight = None))), |e| matches!(e, Error::Norm(_))),
+        ("unit with weights", raw_args(Some(changed(good, |n| n.kind = NormKind::RmsUnit))), |e| {
             matches!(e, Error::Norm(_))
         }),
-        ("short weight", raw_args(Some(RawNorm { q_weight: weight(8, 64, DType::BF16), ..good })), |e| {
+        ("short weight", raw_args(Some(changed(good, |n| n.q_weight = weight(8, 64, DType::BF16)))), |e| {
             matches!(e, Error::Length { what: "q norm weight", .. })
         }),
-        ("mixed weight types", raw_args(Some(RawNorm { k_weight: weight(9, 128, DType::F32), ..good })), |e| {
+        ("mixed weight types", raw_args(Some(changed(good, |n| n.k_weight = weight(9, 128, DType::F32)))), |e| {
             matches!(e, Error::DType { what: "k norm weight", .. })
         }),
-        ("FP8 weight", raw_args(Some(RawNorm { q_weight: weight(8, 128, DType::E4M3), ..good })), |e| {
+        ("FP8 weight", raw_args(Some(changed(good, |n| n.q_weight = weight(8, 128, DType::E4M3)))), |e| {
             matches!(e, Error::DType { what: "q norm weight", .. })
         }),
         (
             "misaligned weight",
-            raw_args(Some(RawNorm {
-                q_weight: Some(RawWeight { ptr: 8 * GB + 1, len: 128, dtype: DType::BF16 }),
-                ..good
-            })),
+            raw_args(Some(changed(good, |n| n.q_weight = Some(RawWeight::new(8 * GB + 1, 128, DType::BF16))))),
             |e| matches!(e, Error::Alignment { what: "q norm weight", .. }),
         ),
         (
             "weight inside the key cache",
-            raw_args(Some(RawNorm { k_weight: Some(RawWeight { ptr: 4 * GB, len: 128, dtype: DType::BF16 }), ..good })),
+            raw_args(Some(changed(good, |n| n.k_weight = Some(RawWeight::new(4 * GB, 128, DType::BF16))))),
             |e| matches!(e, Error::Aliasing { .. }),
         ),
         (
@@ -313,19 +298,15 @@ fn bad_norms_are_typed_errors() {
     let (new, cache) = (Layout::bshd(4, 1, 8, 512), Layout::bshd(64, 16, 8, 512));
     (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 32, 512))), t(2, new), t(3, new));
     a.cache = RawKvCache::paged(t(4, cache), t(5, cache));
-    a.norm = Some(RawNorm { kind: NormKind::RmsUnit, eps: 1e-6, q_weight: None, k_weight: None });
+    a.norm = Some(RawNorm::new(NormKind::RmsUnit, 1e-6));
     assert!(matches!(validate_append(&wide, &a), Err(Error::Norm(_))), "{:?}", validate_append(&wide, &a));
 
     // A whole-projection norm: weights of the projections' lengths (32 q heads, 8 kv heads of
     // 128), a token's q heads in one block of at most 1024 threads.
-    let olmo = RawNorm {
-        kind: NormKind::RmsProjection,
-        eps: 1e-6,
-        q_weight: weight(8, 32 * 128, DType::BF16),
-        k_weight: weight(9, 8 * 128, DType::BF16),
-    };
+    let olmo = RawNorm::new(NormKind::RmsProjection, 1e-6)
+        .with_weights(RawWeight::new(8 * GB, 32 * 128, DType::BF16), RawWeight::new(9 * GB, 8 * 128, DType::BF16));
     validate_append(&config, &raw_args(Some(olmo))).unwrap();
-    let head_sized = raw_args(Some(RawNorm { k_weight: weight(9, 128, DType::BF16), ..olmo }));
+    let head_sized = raw_args(Some(changed(olmo, |n| n.k_weight = weight(9, 128, DType::BF16))));
     assert!(
         matches!(
             validate_append(&config, &head_sized),
@@ -334,7 +315,7 @@ fn bad_norms_are_typed_errors() {
         "{:?}",
         validate_append(&config, &head_sized)
     );
-    let no_weights = raw_args(Some(RawNorm { q_weight: None, k_weight: None, ..olmo }));
+    let no_weights = raw_args(Some(changed(olmo, |n| (n.q_weight, n.k_weight) = (None, None))));
     assert!(matches!(validate_append(&config, &no_weights), Err(Error::Norm(_))));
     // 80 q heads of 128 in f32: 40 KiB, past one block's 512 lanes of 32 bytes.
     let f32_config = RopeConfig::new(128, 4096).dtype(DType::F32);
@@ -343,13 +324,14 @@ fn bad_norms_are_typed_errors() {
     let (new, cache) = (Layout::bshd(4, 1, 8, 128), Layout::bshd(64, 16, 8, 128));
     (a.q, a.k, a.v) = (Some(t(1, Layout::bshd(4, 1, 80, 128))), t(2, new), t(3, new));
     a.cache = RawKvCache::paged(t(4, cache), t(5, cache));
-    a.norm =
-        Some(RawNorm { q_weight: weight(8, 80 * 128, DType::F32), k_weight: weight(9, 8 * 128, DType::F32), ..olmo });
+    a.norm = Some(changed(olmo, |n| {
+        (n.q_weight, n.k_weight) = (weight(8, 80 * 128, DType::F32), weight(9, 8 * 128, DType::F32));
+    }));
     assert!(matches!(validate_append(&f32_config, &a), Err(Error::Norm(_))), "{:?}", validate_append(&f32_config, &a));
     // OLMo 2 32B's 40 q heads of 128 in bf16: 320 lanes of 16 bytes a block.
     let mut a = raw_args(None);
     a.q = Some(RawTensor::new(GB, 4 * 40 * 128, DType::BF16, Layout::bshd(4, 1, 40, 128)));
-    a.norm = Some(RawNorm { q_weight: weight(8, 40 * 128, DType::BF16), ..olmo });
+    a.norm = Some(changed(olmo, |n| n.q_weight = weight(8, 40 * 128, DType::BF16)));
     validate_append(&config, &a).unwrap();
 }
 
@@ -523,20 +505,16 @@ fn every_case_plans() {
                 NormKind::RmsUnit => (None, None),
                 _ => (weight(8, len(hq), w_type), weight(9, len(hk), w_type)),
             };
-            let args = RawKvArgs {
-                q: (hq > 0).then(|| new(1, hq)),
-                q_fp8: None,
-                k: new(2, hk),
-                v: new(3, hk),
-                cache: if paged {
-                    RawKvCache::paged(t(4, cache), t(5, cache))
-                } else {
-                    RawKvCache::contiguous(t(4, cache), t(5, cache))
-                },
-                positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 * GB, len: tokens },
-                slots: paged.then_some((7 * GB, tokens)),
-                norm: Some(RawNorm { kind: c.kind, eps: EPS, q_weight, k_weight }),
+            let kv_cache = if paged {
+                RawKvCache::paged(t(4, cache), t(5, cache))
+            } else {
+                RawKvCache::contiguous(t(4, cache), t(5, cache))
             };
+            let positions = RawPositions::new(PositionKind::IdsI32, 6 * GB, tokens);
+            let norm = changed(RawNorm::new(c.kind, EPS), |n| (n.q_weight, n.k_weight) = (q_weight, k_weight));
+            let mut args = RawKvArgs::new(new(2, hk), new(3, hk), kv_cache, positions).with_norm(norm);
+            args.q = (hq > 0).then(|| new(1, hq));
+            args.slots = paged.then_some((7 * GB, tokens));
             let config = RopeConfig::new(d, MAX_POS)
                 .rotary_dim(c.rotary_dim)
                 .style(c.style)

@@ -9,12 +9,12 @@
 
 mod common;
 
-use common::{check_normed, download_t, gpu, norm_heads, test_seed, upload_t, Gpu, TestElem, TestNorm};
+use common::{changed, check_normed, download_t, gpu, norm_heads, test_seed, upload_t, Gpu, TestElem, TestNorm};
 use half::{bf16, f16};
 use rope_cuda::reference::uniform_vec;
 use rope_cuda::{
-    validate, CosSin, DType, Direction, Error, Layout, NormKind, PositionKind, Positions, QkNorm, RawArgs, RawNorm,
-    RawPositions, RawTensor, RawWeight, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
+    validate, CosSin, DType, Error, Layout, NormKind, PositionKind, Positions, QkNorm, RawArgs, RawNorm, RawPositions,
+    RawTensor, RawWeight, Rope, RopeArgs, RopeConfig, RopeStyle, Tensor, TensorMut,
 };
 
 const MAX_POS: usize = 4096;
@@ -75,15 +75,9 @@ fn rope_norm_case<T: TestElem>(g: &Gpu, c: Case, seed: u64) {
             // so through the raw entry point.
             let (ptr, len) = (dqkv.as_device_ptr().as_raw(), dqkv.len());
             let raw = |l: Layout| RawTensor::new(ptr, len, T::DTYPE, l);
-            let args = RawArgs {
-                q: raw(q_l),
-                q_out: None,
-                k: (hk > 0).then(|| raw(k_l)),
-                k_out: None,
-                positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: tokens },
-                direction: Direction::Forward,
-                norm: Some(norm.raw()),
-            };
+            let positions = RawPositions::new(PositionKind::IdsI32, dpos.as_device_ptr().as_raw(), tokens);
+            let mut args = RawArgs::new(raw(q_l), positions).with_norm(norm.raw());
+            args.k = (hk > 0).then(|| raw(k_l));
             // SAFETY: every buffer is live and holds the elements its view covers; the stream
             // is synchronized before any of them is read or freed.
             unsafe { rope.apply_raw(&args, g.stream.as_inner()) }
@@ -242,64 +236,56 @@ const GB: u64 = 1 << 30;
 /// A bf16 call on q `[2, 3, 8, 128]` and k `[2, 3, 2, 128]` in place, with `norm`.
 fn raw_args(norm: Option<RawNorm>) -> RawArgs {
     let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
-    RawArgs {
-        q: t(1, Layout::bshd(2, 3, 8, 128)),
-        q_out: None,
-        k: Some(t(2, Layout::bshd(2, 3, 2, 128))),
-        k_out: None,
-        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 3 * GB, len: 6 },
-        direction: Direction::Forward,
-        norm,
-    }
+    let positions = RawPositions::new(PositionKind::IdsI32, 3 * GB, 6);
+    let mut args = RawArgs::new(t(1, Layout::bshd(2, 3, 8, 128)), positions).with_k(t(2, Layout::bshd(2, 3, 2, 128)));
+    args.norm = norm;
+    args
 }
 
 fn weight(i: u64, len: usize, dtype: DType) -> Option<RawWeight> {
-    Some(RawWeight { ptr: i * GB, len, dtype })
+    Some(RawWeight::new(i * GB, len, dtype))
 }
 
 /// Every bad norm of a RoPE call is a typed error from the plan alone (no GPU needed).
 #[test]
 fn bad_rope_norms_are_typed_errors() {
     let config = RopeConfig::new(128, 4096).dtype(DType::BF16);
-    let good = RawNorm {
-        kind: NormKind::Rms,
-        eps: EPS,
-        q_weight: weight(5, 128, DType::BF16),
-        k_weight: weight(6, 128, DType::BF16),
-    };
+    let good = RawNorm::new(NormKind::Rms, EPS)
+        .with_weights(RawWeight::new(5 * GB, 128, DType::BF16), RawWeight::new(6 * GB, 128, DType::BF16));
     assert_eq!(validate(&config, &raw_args(Some(good))), Ok(()));
     // f32 weights for both are fine; one of each type is not.
-    let f32_weights = RawNorm { q_weight: weight(5, 128, DType::F32), k_weight: weight(6, 128, DType::F32), ..good };
+    let f32_weights =
+        changed(good, |n| (n.q_weight, n.k_weight) = (weight(5, 128, DType::F32), weight(6, 128, DType::F32)));
     assert_eq!(validate(&config, &raw_args(Some(f32_weights))), Ok(()));
-    let mixed = RawNorm { k_weight: weight(6, 128, DType::F32), ..good };
+    let mixed = changed(good, |n| n.k_weight = weight(6, 128, DType::F32));
     assert!(matches!(validate(&config, &raw_args(Some(mixed))), Err(Error::DType { .. })));
     // A weighted kind without k's weights.
-    assert!(matches!(validate(&config, &raw_args(Some(RawNorm { k_weight: None, ..good }))), Err(Error::Norm(_))));
+    assert!(matches!(validate(&config, &raw_args(Some(changed(good, |n| n.k_weight = None)))), Err(Error::Norm(_))));
     for eps in [0.0, -1e-6, f32::NAN, f32::INFINITY] {
-        let bad = raw_args(Some(RawNorm { eps, ..good }));
+        let bad = raw_args(Some(changed(good, |n| n.eps = eps)));
         assert!(matches!(validate(&config, &bad), Err(Error::NormEps { .. })), "eps {eps}");
     }
-    let short = raw_args(Some(RawNorm { q_weight: weight(5, 127, DType::BF16), ..good }));
+    let short = raw_args(Some(changed(good, |n| n.q_weight = weight(5, 127, DType::BF16))));
     assert!(matches!(validate(&config, &short), Err(Error::Length { .. })));
-    let unit_with_weights = raw_args(Some(RawNorm { kind: NormKind::RmsUnit, ..good }));
+    let unit_with_weights = raw_args(Some(changed(good, |n| n.kind = NormKind::RmsUnit)));
     assert!(matches!(validate(&config, &unit_with_weights), Err(Error::Norm(_))));
     // A weight inside q (written in place).
-    let inside = raw_args(Some(RawNorm { q_weight: weight(1, 128, DType::BF16), ..good }));
+    let inside = raw_args(Some(changed(good, |n| n.q_weight = weight(1, 128, DType::BF16))));
     assert!(validate(&config, &inside).is_err());
     // Views without 16-byte accesses: q two elements off alignment.
     let mut odd = raw_args(Some(good));
-    odd.q = RawTensor { ptr: odd.q.ptr + 4, ..odd.q };
+    odd.q.ptr += 4;
     assert!(matches!(validate(&config, &odd), Err(Error::Norm(_))), "{:?}", validate(&config, &odd));
     // Heads of more than 32 lanes: head_dim 512 in bf16, half of it rotated (16 rotating
     // lanes, 32 copying).
     let wide = RopeConfig::new(512, 4096).rotary_dim(256).dtype(DType::BF16);
     let t = |i: u64, layout: Layout| RawTensor::new(i * GB, layout.extent().unwrap(), DType::BF16, layout);
-    let norm = RawNorm { q_weight: weight(5, 512, DType::BF16), k_weight: weight(6, 512, DType::BF16), ..good };
-    let args = RawArgs { q: t(1, Layout::bshd(1, 2, 2, 512)), k: None, ..raw_args(Some(norm)) };
-    let args = RawArgs { positions: RawPositions { len: 2, ..args.positions }, ..args };
+    let norm = changed(good, |n| (n.q_weight, n.k_weight) = (weight(5, 512, DType::BF16), weight(6, 512, DType::BF16)));
+    let args = changed(raw_args(Some(norm)), |a| (a.q, a.k) = (t(1, Layout::bshd(1, 2, 2, 512)), None));
+    let args = changed(args, |a| a.positions.len = 2);
     assert!(matches!(validate(&wide, &args), Err(Error::Norm(_))), "{:?}", validate(&wide, &args));
     // Without the norm the same calls plan.
-    assert_eq!(validate(&wide, &RawArgs { norm: None, ..args }), Ok(()));
+    assert_eq!(validate(&wide, &changed(args, |a| a.norm = None)), Ok(()));
 }
 
 /// A bad norm launches nothing: q as it was.
@@ -386,15 +372,12 @@ fn every_case_plans() {
                 NormKind::RmsUnit => (None, None),
                 _ => (weight(5, len(hq), w_type), weight(6, len(hk), w_type)),
             };
-            let args = RawArgs {
-                q: qkv(0, hq),
-                q_out: (!c.in_place).then(|| out(2, hq)),
-                k: (hk > 0).then(|| qkv(hq, hk)),
-                k_out: (!c.in_place && hk > 0).then(|| out(3, hk)),
-                positions: RawPositions { kind: PositionKind::IdsI32, ptr: 4 * GB, len: tokens },
-                direction: Direction::Forward,
-                norm: Some(RawNorm { kind: c.kind, eps: EPS, q_weight, k_weight }),
-            };
+            let norm = changed(RawNorm::new(c.kind, EPS), |n| (n.q_weight, n.k_weight) = (q_weight, k_weight));
+            let mut args =
+                RawArgs::new(qkv(0, hq), RawPositions::new(PositionKind::IdsI32, 4 * GB, tokens)).with_norm(norm);
+            args.q_out = (!c.in_place).then(|| out(2, hq));
+            args.k = (hk > 0).then(|| qkv(hq, hk));
+            args.k_out = (!c.in_place && hk > 0).then(|| out(3, hk));
             let config = RopeConfig::new(d, MAX_POS)
                 .rotary_dim(c.rotary_dim)
                 .style(c.style)

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use proptest::prelude::*;
-use rope_cuda::{validate, DType, Direction, Layout, PositionKind, RawArgs, RawPositions, RawTensor, RopeConfig};
+use rope_cuda::{validate, DType, Layout, PositionKind, RawArgs, RawPositions, RawTensor, RopeConfig};
 
 const SIZE: u64 = 2; // bf16
 const MAX_POS: usize = 4;
@@ -143,15 +143,13 @@ fn args(d: usize, bases: [u64; 4]) -> impl Strategy<Value = RawArgs> {
                 positions(b, s),
                 prop_oneof![19 => Just(false), 1 => Just(true)],
             )
-                .prop_map(|(q, k, in_place, q_out, k_out, (kind, len, misalign), odd)| RawArgs {
-                    q,
+                .prop_map(|(q, k, in_place, q_out, k_out, (kind, len, misalign), odd)| {
+                    let mut args = RawArgs::new(q, RawPositions::new(kind, (1 << 40) + misalign, len));
                     // Rarely, an output given for only one of q and k.
-                    q_out: (!in_place).then_some(q_out),
-                    k,
-                    k_out: (!in_place && k.is_some() != odd).then_some(k_out),
-                    positions: RawPositions { kind, ptr: (1 << 40) + misalign, len },
-                    direction: Direction::Forward,
-                    norm: None,
+                    args.q_out = (!in_place).then_some(q_out);
+                    args.k = k;
+                    args.k_out = (!in_place && k.is_some() != odd).then_some(k_out);
+                    args
                 })
         },
     )
@@ -208,21 +206,19 @@ fn strategies_cover_both_outcomes() {
 fn model_rejects_known_bad_arguments() {
     let config = RopeConfig::new(8, MAX_POS).dtype(DType::BF16);
     let t = |ptr, len, layout| RawTensor::new(ptr, len, DType::BF16, layout);
-    let pos = RawPositions { kind: PositionKind::Sequential, ptr: 0, len: 0 };
-    let good = RawArgs {
-        q: t(1 << 20, 32, Layout::bshd(1, 2, 2, 8)),
-        q_out: None,
-        k: Some(t(2 << 20, 16, Layout::bshd(1, 2, 1, 8))),
-        k_out: None,
-        positions: pos,
-        direction: Direction::Forward,
-        norm: None,
-    };
+    let pos = RawPositions::new(PositionKind::Sequential, 0, 0);
+    let good =
+        RawArgs::new(t(1 << 20, 32, Layout::bshd(1, 2, 2, 8)), pos).with_k(t(2 << 20, 16, Layout::bshd(1, 2, 1, 8)));
     assert!(model(&config, &good) && validate(&config, &good).is_ok());
-    let short = RawArgs { q: t(1 << 20, 31, Layout::bshd(1, 2, 2, 8)), ..good };
-    let misaligned = RawArgs { q: t((1 << 20) + 1, 32, Layout::bshd(1, 2, 2, 8)), ..good };
-    let overlapping = RawArgs { q: t(1 << 20, 32, Layout::strided([1, 2, 2, 8], [32, 8, 4], 0)), ..good };
-    let shared = RawArgs { k: Some(t(1 << 20, 32, Layout::bshd(1, 2, 1, 8))), ..good };
+    let with_q = |q| {
+        let mut args = good;
+        args.q = q;
+        args
+    };
+    let short = with_q(t(1 << 20, 31, Layout::bshd(1, 2, 2, 8)));
+    let misaligned = with_q(t((1 << 20) + 1, 32, Layout::bshd(1, 2, 2, 8)));
+    let overlapping = with_q(t(1 << 20, 32, Layout::strided([1, 2, 2, 8], [32, 8, 4], 0)));
+    let shared = good.with_k(t(1 << 20, 32, Layout::bshd(1, 2, 1, 8)));
     for bad in [short, misaligned, overlapping, shared] {
         assert!(!model(&config, &bad), "{bad:?}");
         assert!(validate(&config, &bad).is_err(), "{bad:?}");

@@ -353,16 +353,8 @@ fn window_refusals_write_nothing() {
         let t = |b: &cust::memory::DeviceBuffer<bf16>| {
             rope_cuda::RawTensor::new(b.as_device_ptr().as_raw(), b.len(), DType::BF16, nl)
         };
-        let args = RawKvArgs {
-            q: None,
-            q_fp8: None,
-            k: t(&dk),
-            v: t(&dv),
-            cache: raw,
-            positions: RawPositions { kind: PositionKind::IdsI32, ptr: dpos.as_device_ptr().as_raw(), len: 2 },
-            slots: Some((dslots.as_device_ptr().as_raw(), 2)),
-            norm: None,
-        };
+        let positions = RawPositions::new(PositionKind::IdsI32, dpos.as_device_ptr().as_raw(), 2);
+        let args = RawKvArgs::new(t(&dk), t(&dv), raw, positions).with_slots((dslots.as_device_ptr().as_raw(), 2));
         // SAFETY: every address is a live buffer of this context; the call is refused.
         let got = unsafe { rope.append_kv_raw(&args, g.stream.as_inner()) };
         assert!(matches!(got, Err(Error::SlotMapping(_))), "{got:?}");
@@ -391,15 +383,10 @@ fn window_plans_without_a_gpu() {
     let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
     let config = RopeConfig::new(128, MAX_POS).dtype(DType::BF16);
     let (new, cache) = (Layout::bshd(2, 3, 2, 128), Layout::bshd(2, 16, 2, 128));
-    let args = |cache: RawKvCache, slots| RawKvArgs {
-        q: None,
-        q_fp8: None,
-        k: t(1, new),
-        v: t(2, new),
-        cache,
-        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 6 },
-        slots,
-        norm: None,
+    let args = |cache: RawKvCache, slots| {
+        let mut args = RawKvArgs::new(t(1, new), t(2, new), cache, RawPositions::new(PositionKind::IdsI32, 5 << 30, 6));
+        args.slots = slots;
+        args
     };
     let window = |sinks| RawKvCache::window(t(3, cache), t(4, cache), sinks);
     for sinks in [0, 4, 15] {
@@ -416,15 +403,13 @@ fn window_plans_without_a_gpu() {
     // MLA: latent rows of 512 + 64 in a window of 16 after 2 sinks.
     let mla = RopeConfig::new(64, MAX_POS).dtype(DType::BF16).style(RopeStyle::GptJ);
     let rows = Layout::bshd(2, 16, 1, 576);
-    let mla_args = |sinks| RawMlaArgs {
-        q_pe: None,
-        kv_c: t(1, Layout::bshd(2, 3, 1, 512)),
-        k_pe: t(2, Layout::bshd(2, 3, 1, 64)),
-        cache: RawMlaCache::window(t(3, rows), 512, sinks),
-        positions: RawPositions { kind: PositionKind::IdsI32, ptr: 5 << 30, len: 6 },
-        slots: None,
-        deinterleaved: false,
-        kv_c_norm: None,
+    let mla_args = |sinks| {
+        RawMlaArgs::new(
+            t(1, Layout::bshd(2, 3, 1, 512)),
+            t(2, Layout::bshd(2, 3, 1, 64)),
+            RawMlaCache::window(t(3, rows), 512, sinks),
+            RawPositions::new(PositionKind::IdsI32, 5 << 30, 6),
+        )
     };
     assert_eq!(validate_mla(&mla, &mla_args(2)), Ok(()));
     assert!(matches!(validate_mla(&mla, &mla_args(16)), Err(Error::TooLarge { value: 16, .. })));

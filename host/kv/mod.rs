@@ -254,8 +254,11 @@ impl<'a> Fp8Scale<'a> {
     }
 }
 
-/// The scales of FP8 caches as device addresses and lengths in f32 ([`KvScales`]).
+/// The scales of FP8 caches as device addresses and lengths in f32 ([`KvScales`]): built by
+/// [`KvScales::raw`] or by its constructors ([`RawScales::per_tensor`], [`RawScales::per_head`]),
+/// so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawScales {
     /// The keys' scales: one f32, or one per kv head.
     pub k: (u64, usize),
@@ -265,13 +268,36 @@ pub struct RawScales {
     pub per_head: bool,
 }
 
-/// q rotated into an FP8 buffer ([`KvAppend::q_fp8`]), as device addresses.
+impl RawScales {
+    /// One scale for all keys (`k`: device address and length, one f32) and one for all
+    /// values (`v`) ([`KvScales::per_tensor`]).
+    pub fn per_tensor(k: (u64, usize), v: (u64, usize)) -> Self {
+        RawScales { k, v, per_head: false }
+    }
+
+    /// One scale per kv head for the keys (`k`, one f32 per kv head) and for the values
+    /// ([`KvScales::per_head`]).
+    pub fn per_head(k: (u64, usize), v: (u64, usize)) -> Self {
+        RawScales { k, v, per_head: true }
+    }
+}
+
+/// q rotated into an FP8 buffer ([`KvAppend::q_fp8`]), as device addresses: built by
+/// [`RawQFp8::new`] (or [`RawKvArgs::with_q_fp8`]), so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawQFp8 {
     /// The FP8 output, of q's shape and the caches' format.
     pub out: RawTensor,
     /// q's scale: device address and length (one f32).
     pub scale: (u64, usize),
+}
+
+impl RawQFp8 {
+    /// q's FP8 output `out` and its scale `scale` (device address and length, one f32).
+    pub fn new(out: RawTensor, scale: (u64, usize)) -> Self {
+        RawQFp8 { out, scale }
+    }
 }
 
 /// A KV cache as device addresses (see [`KvCache`]): built by [`KvCache::raw`] or by its
@@ -444,7 +470,43 @@ enum QArg<'r, 'a> {
 /// Everything one KV append takes, as device addresses ([`Rope::append_kv_raw`]). Each
 /// tensor carries its element type: q's, k's and v's must be the configuration's, and the
 /// caches' the same, or both one FP8 format (with scales).
+///
+/// Built by [`KvAppend::raw`] or by [`RawKvArgs::new`] and the `with_*` methods, so that a
+/// field added later breaks no caller; the fields stay public to read and to assign:
+///
+/// ```
+/// use rope_cuda::{DType, Layout, PositionKind, RawKvArgs, RawKvCache, RawPositions, RawTensor};
+/// let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
+/// let (new, cache) = (Layout::bshd(4, 1, 8, 128), Layout::bshd(64, 16, 8, 128));
+/// let positions = RawPositions::new(PositionKind::IdsI32, 6 << 30, 4);
+/// let args = RawKvArgs::new(t(2, new), t(3, new), RawKvCache::paged(t(4, cache), t(5, cache)), positions)
+///     .with_q(t(1, Layout::bshd(4, 1, 32, 128)))
+///     .with_slots((7 << 30, 4));
+/// assert_eq!(args.slots, Some((7 << 30, 4)));
+/// let mut unpaged = args;
+/// unpaged.slots = None;
+/// assert!(unpaged.q.is_some() && unpaged.norm.is_none());
+/// ```
+///
+/// A struct expression does not compile outside the crate, so that adding a field breaks no
+/// caller:
+///
+/// ```compile_fail,E0639
+/// use rope_cuda::{DType, Layout, RawKvArgs, RawKvCache, RawPositions, RawTensor};
+/// let t = RawTensor::new(1 << 30, 8 * 128, DType::BF16, Layout::bshd(1, 1, 8, 128));
+/// let args = RawKvArgs {
+///     q: None,
+///     q_fp8: None,
+///     k: t,
+///     v: t,
+///     cache: RawKvCache::contiguous(t, t),
+///     positions: RawPositions::SEQUENTIAL,
+///     slots: None,
+///     norm: None,
+/// };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RawKvArgs {
     /// Queries `[batch, seq, q_heads, head_dim]` to rotate in the same launch: in place, or,
     /// with `q_fp8`, into an FP8 buffer.
@@ -467,6 +529,36 @@ pub struct RawKvArgs {
     pub norm: Option<RawNorm>,
 }
 
+impl RawKvArgs {
+    /// An append of the new keys `k` and values `v` into `cache` at `positions`: no queries,
+    /// no slot mapping (a contiguous cache), no norm ([`KvAppend::new`]).
+    pub fn new(k: RawTensor, v: RawTensor, cache: RawKvCache, positions: RawPositions) -> Self {
+        RawKvArgs { q: None, q_fp8: None, k, v, cache, positions, slots: None, norm: None }
+    }
+
+    /// Also rotates the queries `q` in place, in the same launch ([`KvAppend::q`]).
+    pub fn with_q(self, q: RawTensor) -> Self {
+        RawKvArgs { q: Some(q), ..self }
+    }
+
+    /// Also rotates the queries `q` into the FP8 buffer `out` with q's `scale` (device address
+    /// and length, one f32), in the same launch ([`KvAppend::q_fp8`]).
+    pub fn with_q_fp8(self, q: RawTensor, out: RawTensor, scale: (u64, usize)) -> Self {
+        RawKvArgs { q: Some(q), q_fp8: Some(RawQFp8::new(out, scale)), ..self }
+    }
+
+    /// The slot mapping of a paged cache: device address and length of the i64 slots, one
+    /// per token ([`KvAppend::slots`]).
+    pub fn with_slots(self, slots: (u64, usize)) -> Self {
+        RawKvArgs { slots: Some(slots), ..self }
+    }
+
+    /// QK-norm of q's and k's heads before the rotation ([`KvAppend::norm`]).
+    pub fn with_norm(self, norm: RawNorm) -> Self {
+        RawKvArgs { norm: Some(norm), ..self }
+    }
+}
+
 /// Checks `args` against `config` exactly as [`Rope::append_kv_raw`] does before it
 /// launches, without a GPU: `Ok` means that call would launch (or, with no work, return at
 /// once), `Err` is the typed error it would return. Reads no device memory (positions and
@@ -480,18 +572,13 @@ pub struct RawKvArgs {
 /// let t = |i: u64, layout: Layout| RawTensor::new(i << 30, layout.extent().unwrap(), DType::BF16, layout);
 /// let new = Layout::bshd(4, 1, 8, 128); // 4 sequences, one new token each, 8 kv heads
 /// let cache = Layout::bshd(64, 16, 8, 128); // 64 pages of 16 slots
-/// let args = RawKvArgs {
-///     q: Some(t(1, Layout::bshd(4, 1, 32, 128))),
-///     q_fp8: None,
-///     k: t(2, new),
-///     v: t(3, new),
-///     cache: RawKvCache::paged(t(4, cache), t(5, cache)),
-///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: 6 << 30, len: 4 },
-///     slots: Some((7 << 30, 4)),
-///     norm: None,
-/// };
+/// let positions = RawPositions::new(PositionKind::IdsI32, 6 << 30, 4);
+/// let args = RawKvArgs::new(t(2, new), t(3, new), RawKvCache::paged(t(4, cache), t(5, cache)), positions)
+///     .with_q(t(1, Layout::bshd(4, 1, 32, 128)))
+///     .with_slots((7 << 30, 4));
 /// assert_eq!(validate_append(&config, &args), Ok(()));
-/// let unpaged = RawKvArgs { slots: None, ..args };
+/// let mut unpaged = args;
+/// unpaged.slots = None;
 /// assert!(matches!(validate_append(&config, &unpaged), Err(Error::SlotMapping(_))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -568,16 +655,9 @@ impl Rope {
     /// let mut vc = DeviceBuffer::from_slice(&vec![0.0f32; 4 * 8 * 64])?;
     /// let (pos, slots) = (DeviceBuffer::from_slice(&[3i32, 4])?, DeviceBuffer::from_slice(&[9i64, 10])?);
     /// let raw = |b: &DeviceBuffer<f32>| RawTensor::new(b.as_device_ptr().as_raw(), b.len(), DType::F32, new);
-    /// let args = RawKvArgs {
-    ///     q: None,
-    ///     q_fp8: None,
-    ///     k: raw(&k),
-    ///     v: raw(&v),
-    ///     cache: KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw(),
-    ///     positions: RawPositions { kind: PositionKind::IdsI32, ptr: pos.as_device_ptr().as_raw(), len: 2 },
-    ///     slots: Some((slots.as_device_ptr().as_raw(), 2)),
-    ///     norm: None,
-    /// };
+    /// let cache = KvCache::paged(&mut kc, &mut vc, Layout::bshd(4, 8, 1, 64)).raw();
+    /// let positions = RawPositions::new(PositionKind::IdsI32, pos.as_device_ptr().as_raw(), 2);
+    /// let args = RawKvArgs::new(raw(&k), raw(&v), cache, positions).with_slots((slots.as_device_ptr().as_raw(), 2));
     /// // SAFETY: every address is a live allocation of this context of the length given, kept until
     /// // `check_errors` synchronises.
     /// unsafe { rope.append_kv_raw(&args, stream.as_inner())? };

@@ -116,8 +116,10 @@ impl<'r, 'a> KvRead<'r, 'a> {
     }
 }
 
-/// A read of FP8 cache rows as device addresses ([`KvRead`]).
+/// A read of FP8 cache rows as device addresses ([`KvRead`]): built by [`KvRead::raw`] or by
+/// [`RawKvRead::new`] and the `with_*` methods, so that a field added later breaks no caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RawKvRead {
     /// The caches (FP8, with their scales; `paged` is ignored: rows are named by slot).
     pub cache: RawKvCache,
@@ -127,6 +129,25 @@ pub struct RawKvRead {
     pub k: Option<RawTensor>,
     /// The value rows' output.
     pub v: Option<RawTensor>,
+}
+
+impl RawKvRead {
+    /// A read of `cache`'s rows at `slots` (device address and length of the i64 slots, one
+    /// per output row): no outputs yet; add them with [`RawKvRead::with_k`] and
+    /// [`RawKvRead::with_v`] ([`KvRead::new`]).
+    pub fn new(cache: RawKvCache, slots: (u64, usize)) -> Self {
+        RawKvRead { cache, slots, k: None, v: None }
+    }
+
+    /// Reads the key rows into `k` ([`KvRead::k`]).
+    pub fn with_k(self, k: RawTensor) -> Self {
+        RawKvRead { k: Some(k), ..self }
+    }
+
+    /// Reads the value rows into `v` ([`KvRead::v`]).
+    pub fn with_v(self, v: RawTensor) -> Self {
+        RawKvRead { v: Some(v), ..self }
+    }
 }
 
 /// Checks a read and works out its launch; `None` when there is nothing to read.

@@ -640,3 +640,10 @@ impl<T: TestElem> TestNorm<T> {
         rope_cuda::reference::rope_row(&y, pos, base, rot, style, rope_cuda::Direction::Forward)
     }
 }
+
+/// `x` changed by `f`: the struct update (`RawNorm { eps, ..good }`) of the raw doors'
+/// `#[non_exhaustive]` structs, whose fields stay public to assign.
+pub fn changed<T>(mut x: T, f: impl FnOnce(&mut T)) -> T {
+    f(&mut x);
+    x
+}
