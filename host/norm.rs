@@ -121,7 +121,17 @@ impl<'a> QkNorm<'a> {
         eps: f32,
         dtype: DType,
     ) -> Self {
-        let ((qp, ql, qh), (kp, kl, kh)) = (q.lend(), k.lend());
+        Self::of_lent(kind, q.lend(), k.lend(), eps, dtype)
+    }
+
+    /// A weighted norm of the lent weights (address, length, hold) of q and k.
+    fn of_lent(
+        kind: NormKind,
+        (qp, ql, qh): (u64, usize, Hold<'a>),
+        (kp, kl, kh): (u64, usize, Hold<'a>),
+        eps: f32,
+        dtype: DType,
+    ) -> Self {
         let raw = RawNorm {
             kind,
             eps,
@@ -257,9 +267,7 @@ impl QkNormSpec {
     ) -> Result<QkNorm<'a>> {
         let (q, k) = (q_weight.lend(), k_weight.lend());
         self.check(q.1, k.1)?;
-        let weight = |(ptr, len, _): (u64, usize, Hold<'a>)| RawWeight { ptr, len, dtype: E::DTYPE };
-        let raw = RawNorm { kind: self.kind, eps: self.eps, q_weight: Some(weight(q)), k_weight: Some(weight(k)) };
-        Ok(QkNorm { raw, holds: [Some(q.2), Some(k.2)] })
+        Ok(QkNorm::of_lent(self.kind, q, k, self.eps, E::DTYPE))
     }
 
     /// The norm of a kind without weights ([`NormKind::RmsUnit`]: Llama 4's); [`Error::Norm`]
