@@ -132,12 +132,7 @@ impl<'a> QkNorm<'a> {
         eps: f32,
         dtype: DType,
     ) -> Self {
-        let raw = RawNorm {
-            kind,
-            eps,
-            q_weight: Some(RawWeight { ptr: qp, len: ql, dtype }),
-            k_weight: Some(RawWeight { ptr: kp, len: kl, dtype }),
-        };
+        let raw = RawNorm::new(kind, eps).with_weights(RawWeight::new(qp, ql, dtype), RawWeight::new(kp, kl, dtype));
         QkNorm { raw, holds: [Some(qh), Some(kh)] }
     }
 
@@ -174,7 +169,7 @@ impl<'a> QkNorm<'a> {
 
     /// RMSNorm without a weight ([`NormKind::RmsUnit`]: Llama 4's RoPE layers).
     pub fn unit(eps: f32) -> Self {
-        QkNorm { raw: RawNorm { kind: NormKind::RmsUnit, eps, q_weight: None, k_weight: None }, holds: [None, None] }
+        QkNorm { raw: RawNorm::new(NormKind::RmsUnit, eps), holds: [None, None] }
     }
 
     /// The norm as device addresses.
