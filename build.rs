@@ -13,9 +13,11 @@
 //! written next to the sources, which may be read-only.
 //!
 //! It builds the PTX for each architecture of `ARCHS` (sm_80, sm_90, sm_100), cuts each into
-//! one module per entry point, deflates them (`ptx-{arch}.bin`) and writes the index the host
-//! reads them by (`ptx_index.rs`): the host loads the newest architecture the device runs, and
-//! each entry point's module on its first launch. The feature `bench-kernels` adds the
+//! one module per entry point, packs them (`ptx-{arch}.bin`: groups of 16 similar entry points,
+//! one brotli stream a group, sm_80's and sm_100's groups against sm_90's same group) and
+//! writes the index the host reads them by (`ptx_index.rs`): the host loads the newest
+//! architecture the device runs, and each entry point's module on its first launch. The PTX
+//! and the packed output are cached in the target dir (`rope-cuda-ptx`). The feature `bench-kernels` adds the
 //! benchmark kernels (this crate's own tests, benches and examples ask for it).
 //!
 //! Settings: `ROPE_CUDA_ARCH` (default: every architecture of `ARCHS`; one, or a
@@ -30,6 +32,7 @@
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// The toolchain the kernels are verified with; `rust-toolchain.toml` names the same.
 const TOOLCHAIN: &str = "nightly-2026-10-15";
@@ -57,7 +60,7 @@ fn main() {
         println!("cargo:rustc-cfg=rope_cudarc");
     }
     if env::var_os("DOCS_RS").is_some() || env::var_os("ROPE_CUDA_SKIP_PTX").is_some() {
-        write_ptx(&out, &[]);
+        write_packed(&out, &[]);
         return;
     }
     println!("cargo:rerun-if-env-changed=ROPE_CUDA_ARCH");
@@ -79,23 +82,35 @@ fn main() {
 
     let kernels = out.join("kernels-src");
     let cache = Cache::new(&out, &source, &toolchain);
+    // The packed PTX of these kernels and architectures, if a build before this one packed it.
+    if cache.unpack(&archs, &out) {
+        return;
+    }
+    // The primary architecture (sm_90 where it is built) first: its groups are made first, and
+    // each is the dictionary of the other architectures' same group.
+    let mut order: Vec<&String> = archs.iter().collect();
+    if let Some(i) = order.iter().position(|a| a.as_str() == PRIMARY) {
+        order[..=i].rotate_right(1);
+    }
     let mut copied = false;
-    let built: Vec<(String, String)> = archs
-        .iter()
-        .map(|arch| {
-            if let Some(ptx) = cache.get(arch) {
-                return (arch.clone(), ptx);
-            }
+    let mut packer = Packer::default();
+    for arch in order {
+        let ptx = cache.get(arch).unwrap_or_else(|| {
             if !copied {
                 copy_crate(&source, &kernels);
                 copied = true;
             }
             let ptx = build_ptx(&kernels, &out, &toolchain, arch);
             cache.put(arch, &ptx);
-            (arch.clone(), ptx)
-        })
-        .collect();
-    write_ptx(&out, &built);
+            ptx
+        });
+        // Packed on other threads while the next architecture builds (that build is mostly
+        // one thread: the kernel crate is one codegen unit).
+        packer.add(arch, &ptx);
+    }
+    let packed = packer.finish(&archs);
+    cache.store_pack(&archs, &packed);
+    write_packed(&out, &packed);
 }
 
 /// The PTX already built, shared by every build of this crate in one target dir: a test
@@ -151,9 +166,46 @@ impl Cache {
     /// Stores an entry whole or not at all (written aside, then renamed): a build that stops
     /// halfway, or one running beside it, never reads half a file.
     fn put(&self, arch: &str, ptx: &str) {
-        let tmp = self.dir.join(format!("{:016x}-{arch}.{}.tmp", self.key, std::process::id()));
-        std::fs::write(&tmp, ptx).unwrap_or_else(|e| fail(&format!("writing {}: {e}", tmp.display())));
-        std::fs::rename(&tmp, self.path(arch)).unwrap_or_else(|e| fail(&format!("renaming {}: {e}", tmp.display())));
+        self.write(&self.path(arch), ptx.as_bytes());
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) {
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        std::fs::write(&tmp, bytes).unwrap_or_else(|e| fail(&format!("writing {}: {e}", tmp.display())));
+        std::fs::rename(&tmp, path).unwrap_or_else(|e| fail(&format!("renaming {}: {e}", tmp.display())));
+    }
+
+    /// The packed PTX's files for `archs`: each blob, then the index (named by the kernels'
+    /// key, the architectures and [`PACKING`]). Packing all three takes minutes on two cores:
+    /// every build in the target dir but the first takes it from here.
+    fn pack_paths(&self, archs: &[String]) -> (Vec<PathBuf>, PathBuf) {
+        let mut h = Fnv::default();
+        h.add(&self.key.to_le_bytes());
+        h.add(PACKING.as_bytes());
+        archs.iter().for_each(|a| h.add(a.as_bytes()));
+        let blobs = archs.iter().map(|a| self.dir.join(format!("{:016x}-{a}.bin", h.0))).collect();
+        (blobs, self.dir.join(format!("{:016x}-index.rs", h.0)))
+    }
+
+    /// Copies the packed PTX of `archs` into `out`, if a build packed it before.
+    fn unpack(&self, archs: &[String], out: &Path) -> bool {
+        let (blobs, index) = self.pack_paths(archs);
+        let Ok(index) = std::fs::read_to_string(index) else { return false };
+        let Ok(blobs) = blobs.iter().map(std::fs::read).collect::<Result<Vec<_>, _>>() else { return false };
+        for (arch, blob) in archs.iter().zip(blobs) {
+            write_bytes_if_changed(&out.join(format!("ptx-{arch}.bin")), &blob);
+        }
+        write_if_changed(&out.join("ptx_index.rs"), &index);
+        true
+    }
+
+    /// Stores the packed PTX (the index last: an index names blobs that are all there).
+    fn store_pack(&self, archs: &[String], packed: &[PackedArch]) {
+        let (blobs, index_path) = self.pack_paths(archs);
+        for (path, a) in blobs.iter().zip(packed) {
+            self.write(path, &a.blob);
+        }
+        self.write(&index_path, index(packed).as_bytes());
     }
 }
 
@@ -253,43 +305,229 @@ fn split_ptx(ptx: &str) -> (&str, Vec<(&str, &str)>) {
     (&ptx[..prologue.unwrap_or(ptx.len())], entries)
 }
 
-/// Writes each architecture's modules, deflated one by one, to `ptx-{arch}.bin`, and the index
-/// the host reads them by to `ptx_index.rs`: the host inflates and loads one entry point's
-/// module on its first launch (the driver compiles only what a process launches), and a
-/// binary carries a fraction of the PTX's size.
-fn write_ptx(out: &Path, built: &[(String, String)]) {
-    let mut index =
-        String::from("// Generated by rope-cuda's build.rs (`write_ptx`): the embedded PTX, per architecture.\n");
-    index += "pub(crate) static EMBEDDED: &[ArchPtx] = &[\n";
-    let mut names: Option<Vec<String>> = None;
-    for (arch, ptx) in built {
+/// The architecture whose groups are packed alone; every other architecture's group is packed
+/// with the same group of this one as its dictionary (the same kernels, other instructions'
+/// spellings: sm_80's and sm_100's PTX differ from sm_90's in few lines). Where it is not built
+/// (`ROPE_CUDA_ARCH`), the first one built takes its part.
+const PRIMARY: &str = "sm_90";
+/// Entry points a group: one brotli stream each. A first launch decodes its group (about 1.5
+/// MB of text, a few milliseconds); larger groups pack a little smaller and decode longer.
+const GROUP: usize = 16;
+/// brotli's quality for the primary's groups and for the others' (against their dictionary:
+/// most of their text is found there, and quality 10's optimal parsing, 30 times the work of
+/// 9's, gains little more), and its window (log2 bytes: a group and its dictionary fit).
+const QUALITY: (i32, i32) = (10, 9);
+const WINDOW: i32 = 24;
+/// Names the packing (part of the packed output's cache key): change it with the packing.
+const PACKING: &str = "brotli q10/q9 w24, groups of 16 by MinHash similarity, sm_90 the dictionary";
+
+/// One architecture's PTX as packed: the blob `ptx-{arch}.bin` and its index line.
+struct PackedArch {
+    arch: String,
+    blob: Vec<u8>,
+    /// Each stream's byte range in the blob and its text's length: the prologue, then groups.
+    prologue: (usize, usize, usize),
+    groups: Vec<(usize, usize, usize)>,
+    /// The architecture (its index among those built) whose groups are the dictionaries.
+    base: Option<usize>,
+    /// Each entry point in the PTX's order: name, group, offset and length in the group's text.
+    entries: Vec<(String, usize, usize, usize)>,
+}
+
+/// Packed groups: each group's index and stream.
+type Streams = Vec<(usize, Vec<u8>)>;
+
+/// One architecture split and queued: its streams pack on threads of their own.
+struct Pending {
+    arch: String,
+    /// The prologue packed, and its text's length.
+    prologue: (Vec<u8>, usize),
+    entries: Vec<(String, usize, usize, usize)>,
+    /// Each group's text's length.
+    lens: Vec<usize>,
+    /// The threads packing its groups: each returns its groups' streams (group, bytes).
+    jobs: Vec<std::thread::JoinHandle<Streams>>,
+}
+
+/// Packs each architecture's PTX as it comes (the primary first): the entry points in groups
+/// of [`GROUP`] similar ones, each group one brotli stream; the same groups for every
+/// architecture.
+#[derive(Default)]
+struct Packer {
+    names: Option<Vec<String>>,
+    groups: Option<Vec<Vec<usize>>>,
+    primary: Option<(String, Arc<Vec<Vec<u8>>>)>,
+    pending: Vec<Pending>,
+}
+
+impl Packer {
+    fn add(&mut self, arch: &str, ptx: &str) {
         let (prologue, entries) = split_ptx(ptx);
         let listed: Vec<String> = entries.iter().map(|e| e.0.to_string()).collect();
-        if names.get_or_insert_with(|| listed.clone()) != &listed {
+        if self.names.get_or_insert_with(|| listed.clone()) != &listed {
             fail(&format!("the PTX for {arch} has other entry points than the first architecture's"));
         }
-        let mut blob = Vec::new();
-        let mut span = |text: &str| {
-            let packed = miniz_oxide::deflate::compress_to_vec(text.as_bytes(), 6);
-            let start = blob.len();
-            blob.extend_from_slice(&packed);
-            (start, blob.len())
+        let groups = self.groups.get_or_insert_with(|| similar_groups(&entries));
+        let mut index = vec![(String::new(), 0, 0, 0); entries.len()];
+        let mut texts = Vec::with_capacity(groups.len());
+        for (g, members) in groups.iter().enumerate() {
+            let mut text = Vec::new();
+            for &i in members {
+                let (name, body) = entries[i];
+                index[i] = (name.to_string(), g, text.len(), body.len());
+                text.extend_from_slice(body.as_bytes());
+            }
+            texts.push(text);
+        }
+        let lens = texts.iter().map(Vec::len).collect();
+        let texts = Arc::new(texts);
+        let quality = if self.primary.is_some() { QUALITY.1 } else { QUALITY.0 };
+        let dict = match &self.primary {
+            Some((_, primary)) => Some(Arc::clone(primary)),
+            None => {
+                self.primary = Some((arch.to_string(), Arc::clone(&texts)));
+                None
+            }
         };
-        let (p0, p1) = span(prologue);
-        let spans: Vec<_> = entries.iter().map(|&(name, text)| (name, span(text))).collect();
-        let file = format!("ptx-{arch}.bin");
-        write_bytes_if_changed(&out.join(&file), &blob);
+        // `NUM_JOBS` threads an architecture (cargo's -j), interleaved over the groups.
+        let threads = env::var("NUM_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(2usize).clamp(1, 16);
+        let jobs = (0..threads)
+            .map(|t| {
+                let (texts, dict) = (Arc::clone(&texts), dict.clone());
+                std::thread::spawn(move || {
+                    (t..texts.len())
+                        .step_by(threads)
+                        .map(|g| (g, brotli(&texts[g], dict.as_ref().map_or(&[][..], |d| &d[g]), quality)))
+                        .collect()
+                })
+            })
+            .collect();
+        let prologue = (brotli(prologue.as_bytes(), &[], QUALITY.0), prologue.len());
+        self.pending.push(Pending { arch: arch.to_string(), prologue, entries: index, lens, jobs });
+    }
+
+    /// Every architecture packed, in the order of `archs` (oldest first).
+    fn finish(mut self, archs: &[String]) -> Vec<PackedArch> {
+        let primary = self.primary.as_ref().map(|p| p.0.clone());
+        archs
+            .iter()
+            .map(|arch| {
+                let at = self.pending.iter().position(|p| &p.arch == arch).expect("every architecture was added");
+                let mut p = self.pending.swap_remove(at);
+                let mut streams: Vec<(usize, Vec<u8>)> = p
+                    .jobs
+                    .drain(..)
+                    .flat_map(|j| j.join().unwrap_or_else(|_| fail("packing the PTX failed")))
+                    .collect();
+                streams.sort_by_key(|s| s.0);
+                let (mut blob, prologue_len) = p.prologue;
+                let prologue = (0, blob.len(), prologue_len);
+                let groups = streams
+                    .into_iter()
+                    .zip(&p.lens)
+                    .map(|((_, bytes), &len)| {
+                        let start = blob.len();
+                        blob.extend_from_slice(&bytes);
+                        (start, blob.len(), len)
+                    })
+                    .collect();
+                let base = (Some(arch) != primary.as_ref())
+                    .then(|| archs.iter().position(|a| Some(a) == primary.as_ref()).expect("the primary is built"));
+                PackedArch { arch: arch.clone(), blob, prologue, groups, base, entries: p.entries }
+            })
+            .collect()
+    }
+}
+
+/// `text` as one brotli stream of `quality`, with `dict` (maybe empty) as its dictionary.
+fn brotli(text: &[u8], dict: &[u8], quality: i32) -> Vec<u8> {
+    let params =
+        brotli::enc::BrotliEncoderParams { quality, lgwin: WINDOW, size_hint: text.len(), ..Default::default() };
+    let mut out = Vec::new();
+    let (mut input, mut output) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    brotli::BrotliCompressCustomIoCustomDict(
+        &mut brotli::IoReaderWrapper(&mut &text[..]),
+        &mut brotli::IoWriterWrapper(&mut out),
+        &mut input,
+        &mut output,
+        &params,
+        brotli::enc::StandardAlloc::default(),
+        &mut |_: &mut _, _: &mut _, _: _, _: &mut _| (),
+        dict,
+        std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "end of the PTX"),
+    )
+    .unwrap_or_else(|e| fail(&format!("packing the PTX: {e}")));
+    out
+}
+
+/// The entry points in groups of [`GROUP`], each entry next to the one most like it: a greedy
+/// chain from the first entry, each step to the most similar entry left (MinHash of their
+/// lines, 64 hashes; ties to the earlier entry), cut into groups.
+fn similar_groups(entries: &[(&str, &str)]) -> Vec<Vec<usize>> {
+    const K: usize = 64;
+    let signature = |text: &str| {
+        let mut s = [u64::MAX; K];
+        for line in text.as_bytes().split(|&c| c == b'\n') {
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            for &b in line {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+            let h0 = h ^ (h >> 29);
+            for (k, min) in s.iter_mut().enumerate() {
+                let h = (h0 ^ (k as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+                *min = (*min).min(h ^ (h >> 31));
+            }
+        }
+        s
+    };
+    let sigs: Vec<[u64; K]> = entries.iter().map(|e| signature(e.1)).collect();
+    let similarity = |i: usize, j: usize| sigs[i].iter().zip(&sigs[j]).filter(|(a, b)| a == b).count();
+    let n = entries.len();
+    let mut used = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    if n > 0 {
+        order.push(0);
+        used[0] = true;
+    }
+    while order.len() < n {
+        let last = *order.last().expect("not empty");
+        let next = (0..n)
+            .filter(|&j| !used[j])
+            .max_by_key(|&j| (similarity(last, j), std::cmp::Reverse(j)))
+            .expect("one is left");
+        used[next] = true;
+        order.push(next);
+    }
+    order.chunks(GROUP).map(<[usize]>::to_vec).collect()
+}
+
+/// The index the host reads the packed PTX by (`ptx_index.rs`), naming `ptx-{arch}.bin`.
+fn index(packed: &[PackedArch]) -> String {
+    let mut index =
+        format!("// Generated by rope-cuda's build.rs (`index`): the embedded PTX, per architecture ({PACKING}).\n");
+    index += "pub(crate) static EMBEDDED: &[ArchPtx] = &[\n";
+    for a in packed {
+        let arch = &a.arch;
         let capability: u32 = arch[3..].parse().unwrap_or_else(|_| fail(&format!("{arch}: not sm_<number>")));
         index += &format!(
-            "    ArchPtx {{ arch: {arch:?}, capability: {capability}, blob: include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{file}\")), prologue: ({p0}, {p1}), entries: &[\n"
+            "    ArchPtx {{\n        arch: {arch:?},\n        capability: {capability},\n        blob: include_bytes!(concat!(env!(\"OUT_DIR\"), \"/ptx-{arch}.bin\")),\n        prologue: {:?},\n        base: {:?},\n        groups: &{:?},\n        entries: &[\n",
+            a.prologue, a.base, a.groups
         );
-        for (name, (s, e)) in spans {
-            index += &format!("        ({name:?}, {s}, {e}),\n");
+        for (name, g, offset, len) in &a.entries {
+            index += &format!("            ({name:?}, {g}, {offset}, {len}),\n");
         }
-        index += "    ] },\n";
+        index += "        ],\n    },\n";
     }
     index += "];\n";
-    write_if_changed(&out.join("ptx_index.rs"), &index);
+    index
+}
+
+/// Writes each architecture's blob to `ptx-{arch}.bin` and the index to `ptx_index.rs`.
+fn write_packed(out: &Path, packed: &[PackedArch]) {
+    for a in packed {
+        write_bytes_if_changed(&out.join(format!("ptx-{}.bin", a.arch)), &a.blob);
+    }
+    write_if_changed(&out.join("ptx_index.rs"), &index(packed));
 }
 
 fn write_bytes_if_changed(path: &Path, bytes: &[u8]) {

@@ -198,7 +198,7 @@ pub enum Error {
     Norm(&'static str),
     /// De-interleaved pairs ([`MlaAppend::deinterleaved`](crate::MlaAppend::deinterleaved))
     /// asked of a launch that cannot write them (see the message): GPT-J pairs only, no QK-norm
-    /// (kv_c's norm is taken) or MRoPE, views that take 8- or 16-byte accesses, and in place a
+    /// (kv_c's norm is taken) or MRoPE, views that take 16-byte accesses, and in place a
     /// head of q at most 32 lanes.
     #[error("de-interleaved pairs: {0}")]
     Deinterleave(&'static str),

@@ -12,17 +12,25 @@ use rope_cuda_kernels::entries::{EntryPoint, Key};
 use crate::driver;
 use crate::error::{Error, Result};
 
-/// One architecture's embedded PTX: its modules (the prologue, then one per entry point),
-/// each deflated, as byte ranges of `blob`.
+/// One architecture's embedded PTX, as build.rs packed it: the prologue (version, target,
+/// shared declarations) and the entry points in groups of similar ones, each a brotli stream of
+/// `blob`; a group of an architecture with a `base` is packed with the base's same group as
+/// its dictionary.
 pub(crate) struct ArchPtx {
     /// `sm_80`, …
     arch: &'static str,
     /// The compute capability it needs at least, `major * 10 + minor`.
     capability: u32,
     blob: &'static [u8],
-    prologue: (usize, usize),
-    /// Name and range of each entry point, in the order of the kernel list.
-    entries: &'static [(&'static str, usize, usize)],
+    /// The prologue's stream: its byte range in `blob`, and its text's length.
+    prologue: (usize, usize, usize),
+    /// The architecture (an index of [`EMBEDDED`]) whose groups are this one's dictionaries.
+    base: Option<usize>,
+    /// Each group's stream: its byte range in `blob`, and its text's length.
+    groups: &'static [(usize, usize, usize)],
+    /// Each entry point, in the order of the kernel list: name, group, and the range of its
+    /// text in the group's text (offset, length).
+    entries: &'static [(&'static str, usize, usize, usize)],
 }
 
 // `EMBEDDED`: every architecture built, oldest first (build.rs writes it).
@@ -34,33 +42,81 @@ impl std::fmt::Debug for ArchPtx {
         f.debug_struct("ArchPtx")
             .field("arch", &self.arch)
             .field("entries", &self.entries.len())
-            .field("deflated_bytes", &self.blob.len())
+            .field("packed_bytes", &self.blob.len())
             .finish()
     }
 }
 
+/// A group's text, unpacked: its architecture, its index, the text.
+struct Unpacked {
+    arch: &'static str,
+    group: usize,
+    text: Arc<[u8]>,
+}
+
+/// The group unpacked last: the loads of one process mostly come from few groups (a model's
+/// kernels), and [`Kernels::preload`] takes its list group by group.
+static LAST_GROUP: Mutex<Option<Unpacked>> = Mutex::new(None);
+
 impl ArchPtx {
-    fn inflate(&self, (start, end): (usize, usize)) -> String {
-        let bytes = miniz_oxide::inflate::decompress_to_vec(&self.blob[start..end])
-            .expect("build.rs deflated this range of the embedded PTX");
-        String::from_utf8(bytes).expect("PTX is ASCII")
+    /// One stream's text, `dict` its dictionary (empty: none).
+    fn unpack(&self, (start, end, len): (usize, usize, usize), dict: &[u8]) -> Vec<u8> {
+        use std::io::Read;
+        let bytes = &self.blob[start..end];
+        let mut text = Vec::with_capacity(len);
+        let read = match dict.is_empty() {
+            true => brotli_decompressor::Decompressor::new(bytes, 1 << 16).read_to_end(&mut text),
+            false => brotli_decompressor::Decompressor::new_with_custom_dict(bytes, 1 << 16, dict.to_vec().into())
+                .read_to_end(&mut text),
+        };
+        assert!(read.is_ok() && text.len() == len, "build.rs packed this stream of the embedded PTX");
+        text
     }
 
-    /// The PTX of one entry point as a module of its own: the prologue (version, target,
-    /// shared declarations) and the entry's text; `None` if this PTX lacks it.
+    /// The text of group `g`, unpacked (its base's same group first, as its dictionary).
+    fn group(&self, g: usize) -> Arc<[u8]> {
+        let mut last = LAST_GROUP.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = last.as_ref().filter(|u| u.arch == self.arch && u.group == g) {
+            return Arc::clone(&u.text);
+        }
+        let dict = self.base.map(|b| EMBEDDED[b].unpack(EMBEDDED[b].groups[g], &[])).unwrap_or_default();
+        let text: Arc<[u8]> = self.unpack(self.groups[g], &dict).into();
+        *last = Some(Unpacked { arch: self.arch, group: g, text: Arc::clone(&text) });
+        text
+    }
+
+    fn prologue(&self) -> String {
+        String::from_utf8(self.unpack(self.prologue, &[])).expect("PTX is ASCII")
+    }
+
+    /// The text of entry point `name`, and its group; `None` if this PTX lacks it.
+    fn entry(&self, name: &str) -> Option<String> {
+        let &(_, g, offset, len) = self.entries.iter().find(|e| e.0 == name)?;
+        let text = std::str::from_utf8(&self.group(g)[offset..offset + len]).expect("PTX is ASCII").to_string();
+        Some(text)
+    }
+
+    /// The PTX of one entry point as a module of its own: the prologue and the entry's text;
+    /// `None` if this PTX lacks it.
     fn module(&self, name: &str) -> Option<String> {
-        let &(_, start, end) = self.entries.iter().find(|e| e.0 == name)?;
-        Some(self.inflate(self.prologue) + &self.inflate((start, end)))
+        let entry = self.entry(name)?;
+        Some(self.prologue() + &entry)
     }
 
-    /// The whole PTX text: the prologue and every entry point.
+    /// The whole PTX text: the prologue and every entry point, in the order of the kernel list.
     fn text(&self) -> String {
-        let mut text = self.inflate(self.prologue);
-        for &(_, start, end) in self.entries {
-            text += &self.inflate((start, end));
+        let groups: Vec<Arc<[u8]>> = (0..self.groups.len()).map(|g| self.group(g)).collect();
+        let mut text = self.prologue();
+        for &(_, g, offset, len) in self.entries {
+            text += std::str::from_utf8(&groups[g][offset..offset + len]).expect("PTX is ASCII");
             text.push('\n');
         }
         text
+    }
+
+    /// The group of entry point `name` (`usize::MAX` if this PTX lacks it).
+    fn group_of(&self, name: &str) -> usize {
+        self.entries.iter().find(|e| e.0 == name).map_or(usize::MAX, |e| e.1)
     }
 }
 
@@ -217,6 +273,9 @@ impl Kernels {
     /// their first launch): before a latency-bound first step, or before capturing a stream
     /// into a graph with another library.
     pub fn preload(&self, entries: &[EntryPoint]) -> Result<()> {
+        // Group by group: each group of the embedded PTX is unpacked once.
+        let mut entries = entries.to_vec();
+        entries.sort_by_cached_key(|ep| self.ptx.group_of(ep.name()));
         entries.iter().try_for_each(|&ep| self.function(ep).map(|_| ()))
     }
 
@@ -374,7 +433,7 @@ mod tests {
         assert!(!EMBEDDED.is_empty(), "no PTX embedded");
         for a in EMBEDDED {
             assert_eq!(a.entries.len(), EntryPoint::ALL.len(), "{}: the index and the kernel list disagree", a.arch);
-            let prologue = a.inflate(a.prologue);
+            let prologue = a.prologue();
             assert!(prologue.contains(&format!(".target {}\n", a.arch)), "{}", a.arch);
             assert!(prologue.contains(".version") && !prologue.contains(".entry"));
             for &ep in EntryPoint::ALL {
@@ -394,6 +453,28 @@ mod tests {
         // Debug shows the architecture, not the megabytes of PTX.
         let shown = format!("{:?}", EMBEDDED[0]);
         assert!(shown.contains(EMBEDDED[0].arch) && shown.len() < 200, "{shown}");
+    }
+
+    /// The packed PTX of every architecture (the benchmark kernels included: this test's
+    /// build has them) is at most 12 MB a binary, the packing's target; an entry point of an
+    /// architecture packed against another's dictionary unpacks to the same kernel.
+    #[test]
+    fn the_packed_ptx_of_every_architecture_fits_12_mb() {
+        let packed: usize = EMBEDDED.iter().map(|a| a.blob.len()).sum();
+        let text: usize = EMBEDDED.iter().map(|a| a.prologue.2 + a.groups.iter().map(|g| g.2).sum::<usize>()).sum();
+        println!("embedded PTX: {} architectures, {text} bytes of text packed into {packed}", EMBEDDED.len());
+        if EMBEDDED.len() == 3 {
+            assert!(packed <= 12_000_000, "{packed} bytes");
+        }
+        for a in EMBEDDED.iter().filter(|a| a.base.is_some()) {
+            let base = &EMBEDDED[a.base.unwrap()];
+            assert_ne!(base.arch, a.arch);
+            assert!(base.base.is_none(), "a base is packed alone");
+            let name = a.entries[a.entries.len() / 2].0;
+            let (mine, theirs) = (a.module(name).unwrap(), base.module(name).unwrap());
+            assert!(mine.contains(&format!(".target {}\n", a.arch)) && mine.contains(&format!(".entry {name}(")));
+            assert_ne!(mine, theirs, "{name}: {} and {} unpack alike", a.arch, base.arch);
+        }
     }
 
     /// The newest architecture a device runs is loaded, or the one asked for if it runs it.

@@ -211,8 +211,8 @@ impl<'r, 'a> MlaAppend<'r, 'a> {
     /// and Kimi K2 code (`apply_rotary_pos_emb_interleave`) writes it, for engines that compare
     /// their q and cache with transformers'. Without it the pairs stay where they were read
     /// (vLLM's order); q and k permuted alike give the same attention scores either way.
-    /// The views must take 8- or 16-byte accesses, and a head of q_pe at most 32 lanes
-    /// ([`Error::Deinterleave`] otherwise).
+    /// The views must take 16-byte accesses (aligned addresses and strides), and a head of
+    /// q_pe at most 32 lanes ([`Error::Deinterleave`] otherwise).
     pub fn deinterleaved(mut self) -> Self {
         self.deinterleaved = true;
         self
@@ -602,7 +602,7 @@ mod tests {
         (a.cache.kv_lora_rank, a.kv_c.layout) = (36, Layout::bshd(1, 64, 1, 36));
         let weight = RawWeight { ptr: 7 * BASE, len: 36, dtype: DType::BF16 };
         a.kv_c_norm = Some(RawMlaNorm { weight, eps: 1e-6 });
-        assert!(matches!(err(&a), Error::Norm(m) if m.contains("8- or 16-byte")));
+        assert!(matches!(err(&a), Error::Norm(m) if m.contains("16-byte accesses")));
         // Weights over kv_c's input: read only, accepted; over the cache: refused.
         let mut a = args(64);
         let weight = RawWeight { ptr: 2 * BASE, len: 512, dtype: DType::BF16 };
@@ -672,7 +672,7 @@ mod tests {
         let mut b = RawMlaArgs { deinterleaved: true, ..a };
         b.cache.rows.layout = Layout::bshd(4096, 64, 1, 100);
         (b.cache.kv_lora_rank, b.kv_c.layout) = (36, Layout::bshd(1, 64, 1, 36));
-        assert!(matches!(err(&b), Error::Deinterleave(m) if m.contains("8- or 16-byte")));
+        assert!(matches!(err(&b), Error::Deinterleave(m) if m.contains("16-byte accesses")));
         assert_eq!(validate_mla(&config(), &RawMlaArgs { deinterleaved: false, ..b }), Ok(()));
         // A head of q_pe past 32 lanes, in place (rope_dim 512 in f32 at 8 bytes a lane).
         let big = RopeConfig::new(512, 4096).dtype(DType::F32).style(RopeStyle::GptJ);

@@ -96,6 +96,17 @@ impl RawNorm {
 /// The QK-norm of an append: its kind, `eps` and, for the weighted kinds, the weights of q's
 /// and of k's norm (`[head_dim]` each, f32, f16 or bf16, as the model holds them).
 ///
+/// One rule says which views it takes, in RoPE ([`RopeArgs::norm`](crate::RopeArgs::norm)) and
+/// in the fused append ([`KvAppend::norm`](crate::KvAppend::norm)) alike:
+/// - every view of the launch takes 16-byte accesses: addresses and strides multiples of 16
+///   bytes, `head_dim` and `rotary_dim / 2` multiples of 16 bytes' elements;
+/// - a head fits one warp's 32 lanes of 16 bytes: `(head_dim - rotary_dim / 2) × element size`
+///   at most 512 bytes (fully rotated, head_dim up to 512 in f16/bf16 and 256 in f32).
+///
+/// Otherwise [`Error::Norm`](crate::Error::Norm), before any launch. (The append's decode
+/// kernels move 8 bytes a lane where a head's lanes still fit a warp: the kernels' choice,
+/// not a rule of the views.)
+///
 /// ```
 /// # let Ok(_ctx) = cust::quick_init() else { return Ok(()) }; // no GPU: nothing to run
 /// use cust::memory::DeviceBuffer;
@@ -400,6 +411,18 @@ pub(crate) fn value_norm_view(norm: &RawMlaNorm, head_dim: usize, inputs: DType)
 /// norm: every kernel takes 512 (at most 128 registers a thread; `Kernels::check_block` checks
 /// it at launch), where 1024 would need at most 64, which most `_w` kernels exceed.
 pub(crate) const WHOLE_BLOCK_MAX: u64 = 512;
+
+/// A QK-norm's head inside one warp: at most 32 lanes of 16 bytes, the rotating lanes (each
+/// 16 bytes of both halves, or of interleaved pairs) and the rest's, the same in RoPE and in
+/// the append ([`QkNorm`]'s rule); `lanes` counted at 16 bytes.
+pub(crate) fn check_head_lanes(lanes: usize) -> Result<()> {
+    match lane_slots(lanes as u64) <= 32 {
+        true => Ok(()),
+        false => Err(Error::Norm(
+            "a head takes more than 32 lanes of 16 bytes: (head_dim - rotary_dim / 2) x the element size is above 512 bytes",
+        )),
+    }
+}
 
 /// [`Error::Norm`]'s message for a projection past WHOLE_BLOCK_MAX lanes.
 pub(crate) const WHOLE_TOO_LARGE: &str = "a whole-projection norm takes a token's q heads (and its k heads) in one \

@@ -16,7 +16,7 @@ use crate::launch::{
     block_geometry, check_axis, check_disjoint, check_supported, check_u32, check_view, check_written, detached_source,
     heads_view, lanes, pairs, positions, staged, vector_fits, Core,
 };
-use crate::norm::{norm_view, whole_rope_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
+use crate::norm::{check_head_lanes, norm_view, whole_rope_layout, QkNorm, RawNorm, RawWeight, WHOLE_TOO_LARGE};
 use crate::operand::{on_stream, Hold, Queue};
 use crate::table::RopeTable;
 use crate::tensor::{Positions, RawPositions, RawTensor, Tensor, TensorMut};
@@ -299,10 +299,9 @@ impl<'r, 'a> RopeArgs<'r, 'a> {
     /// (QK-norm without a cache: for prefill engines that write the cache elsewhere, and for
     /// cross-checks; [`crate::KvAppend::norm`] fuses the cache write too). In place, the dims
     /// past `rotary_dim` are normalized as well; out of place they are normalized into the
-    /// outputs. Each value is rounded once, to its output's type. The views must take 16-byte
-    /// accesses (aligned addresses and strides) and a head at most 32 lanes (head_dim up to 256
-    /// in f16/bf16 and 128 in f32 with a partial rotation; 512 and 256 fully rotated): otherwise
-    /// [`Error::Norm`]. A q-only call reads only q's weights.
+    /// outputs. Each value is rounded once, to its output's type. The views it takes are
+    /// [`QkNorm`]'s rule, the same as [`crate::KvAppend::norm`]'s ([`Error::Norm`] otherwise).
+    /// A q-only call reads only q's weights.
     pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
         self.norm = Some(norm);
         self
@@ -509,8 +508,8 @@ pub(crate) fn plan(config: &RopeConfig, args: &RawArgs, source: SourceView, erro
         whole: norm.is_some_and(|n| n.whole()),
     };
     check_rope_key(config, args, &key)?;
-    if norm.is_some() && rot_lanes + copy_lanes > 32 {
-        return Err(Error::Norm("a head takes more than 32 lanes (head_dim above 256 in f16/bf16, 128 in f32)"));
+    if norm.is_some() {
+        check_head_lanes(rot_lanes + copy_lanes)?;
     }
     // A whole-projection norm's kernels take k's first group and the items per token from the
     // parameters, and blocks that hold a token's q heads and its k heads whole.

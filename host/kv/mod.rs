@@ -406,9 +406,8 @@ impl<'r, 'a> KvAppend<'r, 'a> {
     /// Normalizes each head of q and of k with `norm` before the rotation, in the same
     /// launch (QK-norm: Qwen3, Gemma 3 and 4, Llama 4, …): the keys written to the cache and
     /// q are normalized and rotated, with one rounding to their type; `k` is read, not
-    /// modified. The views must take 8- or 16-byte accesses (aligned addresses and strides,
-    /// as the fast kernels ask) and a head at most 32 lanes of 16 bytes (head_dim up to 512 in
-    /// f16/bf16, 256 in f32): otherwise [`Error::Norm`](crate::Error::Norm).
+    /// modified. The views it takes are [`QkNorm`](crate::QkNorm)'s rule, the same as
+    /// [`RopeArgs::norm`](crate::RopeArgs::norm)'s ([`Error::Norm`](crate::Error::Norm) otherwise).
     pub fn norm(mut self, norm: QkNorm<'a>) -> Self {
         self.norm = Some(norm);
         self

@@ -18,7 +18,9 @@ use crate::launch::{
     lanes, pairs, positions, staged, vector_fits, Core,
 };
 use crate::layout::Layout;
-use crate::norm::{norm_view, value_norm_view, whole_kv_layout, whole_v_layout, RawWeight, WHOLE_TOO_LARGE};
+use crate::norm::{
+    check_head_lanes, norm_view, value_norm_view, whole_kv_layout, whole_v_layout, RawWeight, WHOLE_TOO_LARGE,
+};
 
 use super::call::{KvCall, KvOperand};
 use super::scales::{fp8_stage, scale_tensor, Fp8Stage};
@@ -178,10 +180,10 @@ pub(crate) fn plan_kv(
     check_key(spec, call, &key)?;
     // The limits of the chosen width's geometry.
     let (rot_lanes, cw, k_lanes) = shape.lanes(width);
-    if norm.is_some() && !shape.v_only && lane_slots(k_lanes as u64) > 32 {
-        return Err(Error::Norm(
-            "a head takes more than 32 lanes of 16 bytes (head_dim above 512 in f16/bf16, 256 in f32)",
-        ));
+    if norm.is_some() && !shape.v_only {
+        // Counted at 16 bytes a lane, as RoPE counts them: the decode kernels' 8-byte lanes are
+        // chosen only where they fit too.
+        check_head_lanes(shape.lanes(KvWidth::Prefill).2)?;
     }
     if call.deinterleave && args.q.is_some() && fp8.q_fp8.is_none() && lane_slots(rot_lanes as u64) > 32 {
         // In place, a head's lanes meet inside one warp between their loads and their stores.

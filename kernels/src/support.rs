@@ -128,7 +128,8 @@ pub enum Unsupported {
     Caller,
     /// De-interleaved pairs: the append only, one position row, vector widths.
     Deinterleaved,
-    /// A per-head QK-norm needs a vector width.
+    /// A QK-norm needs a vector width (views of 16-byte accesses; the append's decode
+    /// kernels then move 8 bytes a lane).
     HeadNorm,
     /// A whole-projection norm needs one head a thread (or, in the append, NeoX pairs at
     /// several).
@@ -148,16 +149,17 @@ impl Unsupported {
                  GPT-J pairs into caches of the inputs' type, at the element, 8-byte and several-heads widths"
             }
             Unsupported::Deinterleaved => {
-                "de-interleaved pairs: the KV append of GPT-J pairs, one position row, 8- or 16-byte accesses, \
+                "de-interleaved pairs: the KV append of GPT-J pairs, one position row, views of 16-byte accesses, \
                  no per-head QK-norm"
             }
             Unsupported::HeadNorm => {
-                "a per-head QK-norm takes 8- or 16-byte accesses in the KV append, 16-byte ones in RoPE \
-                 (aligned addresses and strides): a head's lanes sum inside one warp"
+                "a QK-norm takes views of 16-byte accesses (addresses, strides, head_dim and rotary_dim / 2 \
+                 in whole 16 bytes), in RoPE and in the KV append alike: a head's lanes sum inside one warp"
             }
             Unsupported::WholeNorm => {
-                "a whole-projection norm takes one head a thread, in 8- or 16-byte accesses in the KV append \
-                 (or several heads a thread of NeoX pairs), 16-byte ones in RoPE (aligned addresses and strides)"
+                "a whole-projection norm takes views of 16-byte accesses (addresses, strides, head_dim and \
+                 rotary_dim / 2 in whole 16 bytes), in RoPE and in the KV append alike, one head a thread \
+                 (or, in the append, several heads a thread of NeoX pairs)"
             }
         }
     }
