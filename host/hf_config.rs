@@ -356,6 +356,55 @@ impl HfConfig {
         Ok(Some(if full { "full_attention" } else { "sliding_attention" }.to_string()))
     }
 
+    /// The sliding window of layer `layer`: the keys it attends to, `Some(window)` for a layer
+    /// that sees only its last `sliding_window` positions, `None` for one that sees them all.
+    /// A layer's cache then needs `window` rows per sequence
+    /// ([`KvCache::window`](crate::KvCache::window)). By the config: none where
+    /// `sliding_window` is absent or null, or `use_sliding_window` is false (Qwen2 and Qwen3);
+    /// else the layers of type `sliding_attention` ([`HfConfig::layer_type`]: `layer_types`,
+    /// or Gemma 3's and Cohere 2's pattern) where the config types its layers; Gemma 2 without
+    /// `layer_types`: its even layers (transformers' default); Qwen2 and Qwen3: the layers from
+    /// `max_window_layers` on; every other model (Mistral, Phi-3): every layer.
+    ///
+    /// ```
+    /// use rope_cuda::HfConfig;
+    /// // gpt-oss: sliding layers of 128 alternate with full ones.
+    /// let json = r#"{"model_type": "gpt_oss", "num_hidden_layers": 4, "sliding_window": 128,
+    ///     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}"#;
+    /// let model = HfConfig::parse(json)?;
+    /// assert_eq!((model.sliding_window(0)?, model.sliding_window(1)?), (Some(128), None));
+    /// let mistral = HfConfig::parse(r#"{"model_type": "mistral", "sliding_window": 4096}"#)?;
+    /// assert_eq!(mistral.sliding_window(31)?, Some(4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sliding_window(&self, layer: usize) -> Result<Option<usize>> {
+        if let Some(n) = self.num_layers() {
+            if layer >= n {
+                return Err(self.no_such_layer(layer, n));
+            }
+        }
+        let Some(window) = integer(&self.text, "sliding_window")? else { return Ok(None) };
+        if window == 0 {
+            return Err(invalid("sliding_window", "a window of no positions").into());
+        }
+        match self.text.get("use_sliding_window") {
+            Some(Value::Bool(false)) => return Ok(None),
+            None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+            Some(_) => return Err(invalid("use_sliding_window", "expected a boolean").into()),
+        }
+        if let Some(t) = self.layer_type(layer)? {
+            return Ok((t == "sliding_attention").then_some(window));
+        }
+        Ok(match self.text_model_type() {
+            "gemma2" => (layer % 2 == 0).then_some(window),
+            "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => {
+                let from = integer(&self.text, "max_window_layers")?.unwrap_or(0);
+                (layer >= from).then_some(window)
+            }
+            _ => Some(window),
+        })
+    }
+
     /// Whether layer `layer` applies RoPE: `no_rope_layers[layer]` where the config lists it
     /// (Llama 4, SmolLM3: nonzero means RoPE); Llama 4 without the list: all but every
     /// `no_rope_layer_interval`-th layer (default 4); Cohere 2: only its sliding-window
