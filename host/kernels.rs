@@ -89,9 +89,15 @@ impl ArchPtx {
         String::from_utf8(self.unpack(self.prologue, &[])).expect("PTX is ASCII")
     }
 
-    /// The text of entry point `name`, and its group; `None` if this PTX lacks it.
+    /// Where entry point `name` lies: its group, and its offset and length in the group's
+    /// text; `None` if this PTX lacks it.
+    fn find(&self, name: &str) -> Option<(usize, usize, usize)> {
+        self.entries.iter().find(|e| e.0 == name).map(|&(_, g, offset, len)| (g, offset, len))
+    }
+
+    /// The text of entry point `name`; `None` if this PTX lacks it.
     fn entry(&self, name: &str) -> Option<String> {
-        let &(_, g, offset, len) = self.entries.iter().find(|e| e.0 == name)?;
+        let (g, offset, len) = self.find(name)?;
         let text = std::str::from_utf8(&self.group(g)[offset..offset + len]).expect("PTX is ASCII").to_string();
         Some(text)
     }
@@ -116,7 +122,7 @@ impl ArchPtx {
 
     /// The group of entry point `name` (`usize::MAX` if this PTX lacks it).
     fn group_of(&self, name: &str) -> usize {
-        self.entries.iter().find(|e| e.0 == name).map_or(usize::MAX, |e| e.1)
+        self.find(name).map_or(usize::MAX, |e| e.0)
     }
 }
 
