@@ -303,6 +303,20 @@ pub enum Error {
         /// The rejected value.
         value: f64,
     },
+    /// A KV shift ([`Rope::shift_kv`](crate::Rope::shift_kv)) of a configuration whose
+    /// frequencies change with the sequence's length (`dynamic` NTK, `longrope`): the keys in
+    /// the cache may have been rotated at another length's frequencies, and a shift across the
+    /// switch point would need the other set. Shift only at fixed frequencies, or opt in with
+    /// [`KvShift::length_dependent`](crate::KvShift::length_dependent) where every key was
+    /// appended by a `Rope` of this one's `seq_len`.
+    #[error(
+        "rope scaling {rope_type}: its frequencies change with the sequence length, so a shift is exact only \
+         where the cached keys were rotated at this Rope's frequencies (KvShift::length_dependent says so)"
+    )]
+    ShiftScaling {
+        /// The configuration's `rope_type`.
+        rope_type: &'static str,
+    },
     /// A per-pair list of a RoPE scaling (LongRoPE's factors) has the wrong length: it needs
     /// one entry per rotated pair, `rotary_dim / 2`.
     #[error("rope scaling: {field} has {got} entries, expected one per pair: {expected}")]

@@ -7,7 +7,8 @@
 //!
 //! `Rope::apply`, `Rope::append_kv`, their raw doors and `KvUpdate::update_kv_cache` of up to
 //! [`crate::KV_SCAN_MAX_TOKENS`] tokens queue their work without allocating, synchronising or
-//! looking anything up, so they may go into a graph. Not into a graph: a configuration with
+//! looking anything up, so they may go into a graph; so does `Rope::shift_kv` at any size (one
+//! launch, no claim: the deltas and slots are read when it replays). Not into a graph: a configuration with
 //! `checked` set and `check_errors`, which synchronise and read what ran (while recording,
 //! [`Error::NotCapturable`]; inside a capture they synchronise a capturing stream, which CUDA
 //! does not allow), and KV calls of more tokens, which settle duplicate slots with an owner

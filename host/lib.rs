@@ -133,8 +133,8 @@ pub use hf_config::{
 };
 pub use kernels::{archs, ptx, Kernels, LoadStats};
 pub use kv::{
-    validate_append, Fp8Scale, KvAppend, KvCache, KvRead, KvScales, RawKvArgs, RawKvCache, RawKvRead, RawQFp8,
-    RawScales, KV_SCAN_MAX_TOKENS,
+    validate_append, validate_shift, Fp8Scale, KvAppend, KvCache, KvRead, KvScales, KvShift, RawKvArgs, RawKvCache,
+    RawKvRead, RawQFp8, RawScales, RawShiftArgs, ShiftCache, KV_SCAN_MAX_TOKENS, SHIFT_MAX_DELTA,
 };
 pub use layout::Layout;
 pub use mla::{validate_mla, MlaAppend, MlaCache, RawMlaArgs, RawMlaCache};

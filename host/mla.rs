@@ -35,11 +35,11 @@ use rope_cuda_kernels::views::ErrorSink;
 /// ([`MlaCache::scale`]).
 #[derive(Debug)]
 pub struct MlaCache<'a> {
-    rows: TensorMut<'a>,
+    pub(crate) rows: TensorMut<'a>,
     kv_lora_rank: usize,
     paged: bool,
     window: Option<usize>,
-    scale: Option<(u64, usize, Hold<'a>)>,
+    pub(crate) scale: Option<(u64, usize, Hold<'a>)>,
 }
 
 impl<'a> MlaCache<'a> {
@@ -321,10 +321,43 @@ impl RawMlaArgs {
     /// last `rope_dim` elements), `kv_c` into a value cache of one head of `kv_lora_rank`
     /// (their first), one scale for both.
     pub fn kv_args(&self) -> Result<RawKvArgs> {
-        let c = &self.cache;
-        let l = c.rows.layout;
+        let cache = self.cache.kv_cache()?;
+        let r = self.cache.kv_lora_rank;
+        for (what, t) in [("kv_c", &self.kv_c), ("k_pe", &self.k_pe)] {
+            if t.layout.heads() != 1 {
+                return Err(Error::Shape { what, axis: "heads (one a token)", expected: 1, got: t.layout.heads() });
+            }
+        }
+        if self.kv_c.layout.head_dim() != r {
+            return Err(Error::Shape {
+                what: "kv_c",
+                axis: "head_dim (kv_lora_rank)",
+                expected: r,
+                got: self.kv_c.layout.head_dim(),
+            });
+        }
+        Ok(RawKvArgs {
+            q: self.q_pe,
+            q_fp8: None,
+            k: self.k_pe,
+            v: self.kv_c,
+            cache,
+            positions: self.positions,
+            slots: self.slots,
+            norm: None,
+        })
+    }
+}
+
+impl RawMlaCache {
+    /// The latent cache as the KV cache its append writes: a key cache of one head, the rows'
+    /// last `rope_dim` elements (`k_pe`), and a value cache of one head of `kv_lora_rank`, their
+    /// first (`kv_c`), one scale for both. Errors: a row of more than one head, or a
+    /// `kv_lora_rank` of 0 or of the whole row.
+    pub fn kv_cache(&self) -> Result<RawKvCache> {
+        let l = self.rows.layout;
         let width = l.head_dim();
-        let (r, heads) = (c.kv_lora_rank, l.heads());
+        let (r, heads) = (self.kv_lora_rank, l.heads());
         if heads != 1 {
             return Err(Error::Shape {
                 what: "latent cache",
@@ -341,33 +374,11 @@ impl RawMlaArgs {
                 got: r,
             });
         }
-        for (what, t) in [("kv_c", &self.kv_c), ("k_pe", &self.k_pe)] {
-            if t.layout.heads() != 1 {
-                return Err(Error::Shape { what, axis: "heads (one a token)", expected: 1, got: t.layout.heads() });
-            }
-        }
-        if self.kv_c.layout.head_dim() != r {
-            return Err(Error::Shape {
-                what: "kv_c",
-                axis: "head_dim (kv_lora_rank)",
-                expected: r,
-                got: self.kv_c.layout.head_dim(),
-            });
-        }
         let [b, s, h, _] = l.shape;
         let view =
-            |d, offset| RawTensor { layout: Layout::strided([b, s, h, d], l.strides, l.offset + offset), ..c.rows };
-        let scales = c.scale.map(|s| RawScales { k: s, v: s, per_head: false });
-        Ok(RawKvArgs {
-            q: self.q_pe,
-            q_fp8: None,
-            k: self.k_pe,
-            v: self.kv_c,
-            cache: RawKvCache { k: view(width - r, r), v: view(r, 0), paged: c.paged, window: c.window, scales },
-            positions: self.positions,
-            slots: self.slots,
-            norm: None,
-        })
+            |d, offset| RawTensor { layout: Layout::strided([b, s, h, d], l.strides, l.offset + offset), ..self.rows };
+        let scales = self.scale.map(|s| RawScales { k: s, v: s, per_head: false });
+        Ok(RawKvCache { k: view(width - r, r), v: view(r, 0), paged: self.paged, window: self.window, scales })
     }
 }
 
@@ -409,7 +420,7 @@ fn mla_call(args: &RawMlaArgs) -> KvCall {
 }
 
 /// The KV append's operands as the MLA append's caller knows them.
-fn mla_name(operand: KvOperand) -> &'static str {
+pub(crate) fn mla_name(operand: KvOperand) -> &'static str {
     match operand {
         KvOperand::Q => "q_pe",
         KvOperand::K => "k_pe",

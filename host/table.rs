@@ -140,8 +140,18 @@ pub struct RopeTable {
 
 #[derive(Debug)]
 enum Storage {
-    Table { cos: DeviceAlloc<f32>, sin: DeviceAlloc<f32>, cos_lo: DeviceAlloc<f32>, sin_lo: DeviceAlloc<f32> },
-    Computed { freqs: DeviceAlloc<u32> },
+    /// The table, and the frequencies the KV shift computes from (`None` where a frequency
+    /// has no exact turns: at least 2^32, which a table takes).
+    Table {
+        cos: DeviceAlloc<f32>,
+        sin: DeviceAlloc<f32>,
+        cos_lo: DeviceAlloc<f32>,
+        sin_lo: DeviceAlloc<f32>,
+        freqs: Option<DeviceAlloc<u32>>,
+    },
+    Computed {
+        freqs: DeviceAlloc<u32>,
+    },
 }
 
 impl RopeTable {
@@ -149,7 +159,7 @@ impl RopeTable {
     pub(crate) fn view(&self) -> SourceView {
         let half = self.rotary_dim / 2;
         match &self.storage {
-            Storage::Table { cos, sin, cos_lo, sin_lo } => {
+            Storage::Table { cos, sin, cos_lo, sin_lo, .. } => {
                 SourceView::Table(TableView::new([cos, sin, cos_lo, sin_lo].map(|b| b.address())))
             }
             Storage::Computed { freqs } => {
@@ -157,6 +167,19 @@ impl RopeTable {
                 SourceView::Computed(ComputedView::new(freqs.address(), angles, half as u32, self.attention))
             }
         }
+    }
+
+    /// The KV shift's source, whatever the storage: cos and sin computed from the frequencies
+    /// with the attention factor 1 (the shift turns cached keys by an angle; their factor is
+    /// in them already). `None` for a table of frequencies without exact turns.
+    pub(crate) fn shift_source(&self) -> Option<SourceView> {
+        let half = self.rotary_dim / 2;
+        let freqs = match &self.storage {
+            Storage::Table { freqs, .. } => freqs.as_ref()?,
+            Storage::Computed { freqs } => freqs,
+        };
+        let angles = freqs.address() + 16 * half as u64;
+        Some(SourceView::Computed(ComputedView::new(freqs.address(), angles, half as u32, 1.0)))
     }
 
     /// Plain RoPE (`inv_freq[i] = 1 / base^(2i / rotary_dim)`) on the device, in the current
@@ -169,7 +192,7 @@ impl RopeTable {
     /// # let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)?;
     /// let table = rope_cuda::RopeTable::new(128, 500_000.0, 8192)?;
     /// assert_eq!((table.rotary_dim(), table.max_position(), table.attention_factor()), (128, 8192, 1.0));
-    /// assert_eq!(table.device_bytes(), 8192 * 64 * 16); // a table
+    /// assert_eq!(table.device_bytes(), 8192 * 64 * 16 + 64 * 16 + 4096); // a table (and the frequencies)
     /// let long = rope_cuda::RopeTable::new(128, 500_000.0, 1 << 20)?;
     /// assert_eq!(long.device_bytes(), 64 * 16 + 4096); // computed
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -194,12 +217,13 @@ impl RopeTable {
     pub fn from_config(config: &RopeConfig) -> Result<Self> {
         let (freqs, attention) = config.frequencies()?;
         check_table_args(config.rotary_dim, config.base, config.max_position)?;
+        let words = |freqs: &[f64]| -> Result<Vec<u32>> {
+            let mut words = turn_words(freqs)?;
+            words.extend(angle_table().iter().flatten().map(|v| v.to_bits()));
+            Ok(words)
+        };
         let storage = match config.source() {
-            TableSource::Computed => {
-                let mut words = turn_words(&freqs)?;
-                words.extend(angle_table().iter().flatten().map(|v| v.to_bits()));
-                Storage::Computed { freqs: DeviceAlloc::from_slice(&words)? }
-            }
+            TableSource::Computed => Storage::Computed { freqs: DeviceAlloc::from_slice(&words(&freqs)?)? },
             _ => {
                 let host = HostTable::from_frequencies(&freqs, attention, config.max_position)?;
                 Storage::Table {
@@ -207,6 +231,10 @@ impl RopeTable {
                     sin: DeviceAlloc::from_slice(&host.sin)?,
                     cos_lo: DeviceAlloc::from_slice(&host.cos_lo)?,
                     sin_lo: DeviceAlloc::from_slice(&host.sin_lo)?,
+                    freqs: match words(&freqs) {
+                        Ok(w) => Some(DeviceAlloc::from_slice(&w)?),
+                        Err(_) => None,
+                    },
                 }
             }
         };
@@ -244,12 +272,15 @@ impl RopeTable {
         self.max_position
     }
 
-    /// Device memory held: a table's 16 bytes per position and pair, or 16 bytes per pair and
-    /// the 4 KiB angle table ([`rope_cuda_kernels::math::angle_table`]).
+    /// Device memory held: 16 bytes per pair and the 4 KiB angle table
+    /// ([`rope_cuda_kernels::math::angle_table`]), and, for a table, its 16 bytes per position
+    /// and pair (the frequencies are there too: the KV shift computes its angles from them).
     pub fn device_bytes(&self) -> usize {
-        match self.storage {
-            Storage::Table { .. } => self.max_position * self.rotary_dim / 2 * 16,
-            Storage::Computed { .. } => self.rotary_dim / 2 * 16 + ANGLE_STEPS * 16,
+        let freqs = self.rotary_dim / 2 * 16 + ANGLE_STEPS * 16;
+        match &self.storage {
+            Storage::Table { freqs: None, .. } => self.max_position * self.rotary_dim / 2 * 16,
+            Storage::Table { .. } => self.max_position * self.rotary_dim / 2 * 16 + freqs,
+            Storage::Computed { .. } => freqs,
         }
     }
 }

@@ -43,6 +43,9 @@ fn size(e: Elem) -> usize {
 /// The body's access types of a variant (`_s`: pairs of elements for GPT-J): rotating lanes'
 /// load and store, copying lanes' load and store, as the body's generic arguments.
 fn io(v: &Variant) -> String {
+    if v.op == Op::Shift {
+        return shift_io(v);
+    }
     // The KV kernels' 16-byte accesses as `tuning::KV_STREAMING` says.
     let cs = if v.op == Op::Kv { ", { crate::tuning::KV_STREAMING }" } else { "" };
     let pairs_of_two = v.width == Width::Scalar && v.pairs == Pairs::GptJ;
@@ -68,6 +71,23 @@ fn io(v: &Variant) -> String {
     format!("{r}, {w}, {c}, {d}")
 }
 
+/// The shift's access type, one for its load and its store (in place): 16 bytes (FP8: 8
+/// codes) or element by element (GPT-J: a pair).
+fn shift_io(v: &Variant) -> String {
+    let t = elem(v.elem);
+    let one = v.width == Width::Scalar;
+    let gptj = v.pairs == Pairs::GptJ;
+    let r = match v.store {
+        Store::Input if !one => format!("Vec16<{t}, {{ crate::tuning::KV_STREAMING }}>"),
+        Store::Input if gptj => format!("Two<{t}>"),
+        Store::Input => format!("One<{t}>"),
+        Store::Fp8 if !one => "F8<8, true>".to_string(),
+        Store::Fp8 if gptj => "F8<2, false>".to_string(),
+        Store::Fp8 => "F8<1, false>".to_string(),
+    };
+    format!("{r}, {r}")
+}
+
 /// The key pattern of a variant's operand types (FP8: either format).
 fn types(v: &Variant) -> String {
     let i = dtype(v.elem);
@@ -76,6 +96,7 @@ fn types(v: &Variant) -> String {
         Store::Fp8 => "DType::E4M3 | DType::E5M2".to_string(),
     };
     match v.op {
+        Op::Shift => o,
         Op::Rope => format!("RopeTypes {{ q: DType::{i}, k: DType::{i}, q_out: {o}, k_out: {o} }}"),
         Op::Kv => format!("KvTypes {{ q: DType::{i}, k: DType::{i}, v: DType::{i}, cache_k: {o}, cache_v: {o} }}"),
     }
@@ -134,6 +155,15 @@ fn row(out: &mut String, v: &Variant) {
             )
             .unwrap();
         }
+        Op::Shift => {
+            let width = if v.width == Width::Scalar { "RopeWidth::Scalar" } else { "RopeWidth::Single" };
+            writeln!(
+                out,
+                "        {name} {{ style: {key_style}, cache: {}, width: {width} }} [{style}, {access}];",
+                types(v)
+            )
+            .unwrap();
+        }
         Op::Kv => {
             let width = match v.width {
                 Width::Scalar => "KvWidth::Scalar",
@@ -177,6 +207,8 @@ fn main() {
     variants().filter(|v| v.op == Op::Rope).for_each(|v| row(&mut list, &v));
     list += "    }\n    KvKey(KvParams) => kv_append {\n";
     variants().filter(|v| v.op == Op::Kv).for_each(|v| row(&mut list, &v));
+    list += "    }\n    ShiftKey(ShiftParams) => shift {\n";
+    variants().filter(|v| v.op == Op::Shift).for_each(|v| row(&mut list, &v));
     list += "    }\n    ClaimKey(KvParams) => claim {\n        kv_claim {} [];\n    }\n";
     // The dequantizing read of FP8 caches, into each element type.
     list += "    ReadKey(ReadParams) => read {\n";

@@ -69,7 +69,11 @@ fn decoding_matches_the_definition() {
         for c in 0..=255u8 {
             match value(f, c) {
                 None => assert!(f.to_f32(c).is_nan(), "{f:?} {c:#04x}"),
-                Some(v) => assert_eq!(f.to_f32(c) as f64, v, "{f:?} {c:#04x}"),
+                Some(v) => {
+                    assert_eq!(f.to_f32(c) as f64, v, "{f:?} {c:#04x}");
+                    // Zeros too: the sign bit is the code's.
+                    assert_eq!(f.to_f32(c).is_sign_negative(), c & 0x80 != 0, "{f:?} {c:#04x}");
+                }
             }
         }
         assert_eq!(f.to_f32(f.max_code()), f.max());

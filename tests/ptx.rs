@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use rope_cuda_kernels::entries::{EntryPoint, Key};
-use rope_cuda_kernels::keys::{DType, KvKey, KvTypes, KvWidth, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource};
+use rope_cuda_kernels::keys::{
+    DType, KvKey, KvTypes, KvWidth, RopeKey, RopeStyle, RopeTypes, RopeWidth, ShiftKey, TableSource,
+};
 use rope_cuda_kernels::support::{supported, variants, Source, Variant};
 use rope_cuda_kernels::tuning::KV_STREAMING;
 
@@ -49,11 +51,15 @@ fn ptx_targets_its_arch() {
     }
 }
 
-/// The entry points of the support table's variants (RoPE and the KV append; not the claim,
-/// the read or the benchmark kernels).
+/// The entry points of the support table's variants (RoPE, the KV append and the KV shift;
+/// not the claim, the read or the benchmark kernels).
 fn table_entry_points() -> BTreeSet<&'static str> {
     all_entry_points()
-        .filter(|n| n.starts_with("rope_") || (n.starts_with("kv_") && *n != "kv_claim" && !n.starts_with("kv_read_")))
+        .filter(|n| {
+            n.starts_with("rope_")
+                || n.starts_with("shift_")
+                || (n.starts_with("kv_") && *n != "kv_claim" && !n.starts_with("kv_read_"))
+        })
         .collect()
 }
 
@@ -116,6 +122,14 @@ fn keys_find_the_entry_points_of_their_variants() {
             }
         }
     }
+    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+        for cache in types {
+            for width in [RopeWidth::Scalar, RopeWidth::Vector, RopeWidth::Single] {
+                let key = ShiftKey { style, cache, width };
+                reached.extend(check(key, key.variant()));
+            }
+        }
+    }
     // Every listed entry point was reached.
     assert_eq!(reached, table_entry_points());
 }
@@ -175,6 +189,16 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
         for narrow in ["ld.global.b32", "ld.global.b16", "st.global.b32", "st.global.b16", "st.global.b8"] {
             assert!(!b.contains(narrow) || fp8_store == Some(narrow), "{name}: narrow access {narrow}");
         }
+    }
+    // The shift's 16-byte kernels: in place, 16-byte streaming loads and stores (FP8: 8
+    // bytes of codes, plain), and the frequencies 16 bytes at a time.
+    for name in named("shift_").into_iter().filter(|n| n.contains("_p_")) {
+        let b = body(ptx, name);
+        let access = if name.contains("_fp8_") { ".v2.b32" } else { ".cs.v4.b32" };
+        for op in ["ld.global", "st.global"] {
+            assert!(b.contains(&format!("{op}{access}")), "{name}: no {op}{access}");
+        }
+        assert!(b.contains("ld.global.nc.v4.b32"), "{name}: frequencies are not loaded 16 bytes at a time");
     }
     for &name in vector {
         let b = body(ptx, name);

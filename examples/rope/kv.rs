@@ -883,6 +883,247 @@ fn mla_step(kernels: &std::sync::Arc<Kernels>, stream: &Stream, tokens: usize) -
     Ok(rows)
 }
 
+/// The KV shift ([`Rope::shift_kv`](rope_cuda::Rope::shift_kv)) of a 32768-token paged cache
+/// (2048 pages of 16 slots, 8 kv heads of 128): 4 sequences of 8192 rows on shuffled pages,
+/// each sequence's keys turned in place by its delta (-4096, -1, 1000, -2^20), bf16 and E4M3
+/// (one scale for the keys, one for the values). Each checked once on a sample of rows against
+/// the f64 rotation of the stored key by its delta (bf16 within 1 ulp; FP8 every code equal to
+/// the model's: the code's value times the scale in f32, rotated, rounded to f32, divided by
+/// the scale, encoded), the value cache bit for bit; then timed against a copy of the key
+/// cache's bytes (read and written) in the same run. The timed calls go on turning the same
+/// cache (the speed does not depend on the values).
+fn shift_paged(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<Vec<KvRow>> {
+    use rope_cuda::reference::splitmix64;
+    use rope_cuda::KvShift;
+    let (seqs, rows, pages, bs, hk, d) = (4, 8192, 2048, 16, 8, 128);
+    let layout = Layout::bshd(pages, bs, hk, d);
+    // Sequence i's rows on the pages `order[i * rows / bs ..]`, a seeded shuffle of them all.
+    let mut order: Vec<usize> = (0..pages).collect();
+    for i in (1..pages).rev() {
+        order.swap(i, (splitmix64(i as u64 ^ 0x5F1) % (i as u64 + 1)) as usize);
+    }
+    let per = rows / bs;
+    let slots: Vec<i64> =
+        (0..seqs * rows).map(|r| (order[(r / rows) * per + (r % rows) / bs] * bs + r % bs) as i64).collect();
+    let deltas: Vec<i32> = vec![-4096, -1, 1000, -(1 << 20)];
+    let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 1 << 20).dtype(DType::BF16))?)?;
+    let (ddeltas, dslots) = (DeviceBuffer::from_slice(&deltas)?, DeviceBuffer::from_slice(&slots)?);
+    let n = pages * bs * hk * d;
+    // The f64 rotation of row `r`'s key `x` by its sequence's delta (the sine negated for a
+    // negative one).
+    let turn = |x: &[f64], r: usize| {
+        let delta = deltas[r / rows];
+        let direction = if delta < 0 { Direction::Inverse } else { Direction::Forward };
+        rope_row(x, delta.unsigned_abs() as f64, 10_000.0, d, RopeStyle::NeoX, direction)
+    };
+    // Every 61st row of the 32768 (each sequence's), and the last.
+    let sample: Vec<usize> = (0..seqs * rows).step_by(61).chain([seqs * rows - 1]).collect();
+    let runs = 200;
+    let what = |ty: &str| format!("{ty} {seqs}x{rows} rows {hk} h d{d} pg{bs}");
+
+    // bf16.
+    let (keys, values) = (seeded(50, n), seeded(51, n));
+    let (mut kc, mut vc) = (upload(&keys)?, upload(&values)?);
+    let shift = |kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
+        let mut cache = KvCache::paged(kc, vc, layout);
+        rope.shift_kv(KvShift::new(&mut cache, Positions::ids_i32(&ddeltas)).slots(&dslots), stream)
+    };
+    shift(&mut kc, &mut vc)?;
+    rope.check_errors(stream)?;
+    let got = download(&kc)?;
+    let mut ulps = if download(&vc)? == values { 0 } else { 99 };
+    for &r in &sample {
+        let at = slots[r] as usize * hk * d;
+        for h in 0..hk {
+            let x: Vec<f64> = keys[at + h * d..][..d].iter().map(|v| v.to_f64()).collect();
+            for (j, y) in turn(&x, r).into_iter().enumerate() {
+                ulps = ulps.max(got[at + h * d + j].ulps(bf16::round(y)));
+            }
+        }
+    }
+    // The yardstick: a copy of the key cache's bytes (64 MiB), read and written.
+    let (src, mut dst) = (upload(&vec![bf16::ZERO; n])?, upload(&vec![bf16::ZERO; n])?);
+    let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+    let op = time_op(stream, 20, runs, || shift(&mut kc, &mut vc))?;
+    let bf16_row = KvRow {
+        name: "kv shift, paged",
+        what: what("bf16"),
+        op,
+        against: Against::Copy(copy, (2 * n * 2) as u64),
+        ulps,
+    };
+    drop((kc, vc, src, dst));
+
+    // E4M3: the same values' codes at FlashInfer's row's scales (as `fp8_step`).
+    let (k_scale, v_scale) = (1.5f32 / 224.0, 1.5f32 / 224.0 * 0.75);
+    let codes =
+        |v: &[bf16], scale: f32| -> Vec<F8E4M3> { v.iter().map(|x| F8E4M3::from_f32(x.to_f32() / scale)).collect() };
+    let (k8, v8) = (codes(&keys, k_scale), codes(&values, v_scale));
+    drop((keys, values));
+    let (mut kc, mut vc) = (DeviceBuffer::from_slice(&k8)?, DeviceBuffer::from_slice(&v8)?);
+    let (dks, dvs) = (DeviceBuffer::from_slice(&[k_scale])?, DeviceBuffer::from_slice(&[v_scale])?);
+    let shift = |kc: &mut DeviceBuffer<F8E4M3>, vc: &mut DeviceBuffer<F8E4M3>| {
+        let mut cache = KvCache::paged(kc, vc, layout).scales(KvScales::per_tensor(&dks, &dvs));
+        rope.shift_kv(KvShift::new(&mut cache, Positions::ids_i32(&ddeltas)).slots(&dslots), stream)
+    };
+    shift(&mut kc, &mut vc)?;
+    rope.check_errors(stream)?;
+    let (mut got, mut v_after) = (vec![F8E4M3(0); n], vec![F8E4M3(0); n]);
+    kc.copy_to(&mut got[..])?;
+    vc.copy_to(&mut v_after[..])?;
+    let order = |c: u8| if c & 0x80 != 0 { -i64::from(c & 0x7F) } else { i64::from(c) };
+    let mut ulps = if v_after == v8 { 0 } else { 99 };
+    for &r in &sample {
+        let at = slots[r] as usize * hk * d;
+        for h in 0..hk {
+            let x: Vec<f64> = k8[at + h * d..][..d].iter().map(|c| (c.to_f32() * k_scale) as f64).collect();
+            for (j, y) in turn(&x, r).into_iter().enumerate() {
+                let want = F8E4M3::from_f32(y as f32 / k_scale);
+                ulps = ulps.max(order(got[at + h * d + j].0).abs_diff(order(want.0)));
+            }
+        }
+    }
+    // A copy of the key cache's bytes (32 MiB), read and written.
+    let (src, mut dst) = (upload(&vec![bf16::ZERO; n / 2])?, upload(&vec![bf16::ZERO; n / 2])?);
+    let copy = time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?;
+    let op = time_op(stream, 20, runs, || shift(&mut kc, &mut vc))?;
+    let fp8_row =
+        KvRow { name: "fp8 shift, paged", what: what("e4m3"), op, against: Against::Copy(copy, (2 * n) as u64), ulps };
+    Ok(vec![bf16_row, fp8_row])
+}
+
+/// The fused step (q rotated in place, k and v appended; 32 q and 8 kv heads of 128, bf16,
+/// NeoX) into a sliding-window cache ([`KvCache::window`]: blocks of 4096 rows, 4 sinks and a
+/// ring of 4092) at positions past the window (sequence b's tokens from 10000 + 997 b on: the
+/// ring has wrapped, and a prefill chunk may wrap within the call), next to its twin: the same
+/// call into a contiguous cache of the same layout and buffers, at the positions of the rows
+/// the window writes (the same rows, bytes and launch shape; a contiguous cache takes
+/// positions below its block only). `seqs` sequences of `new` tokens each. Decode: device
+/// time, the ring against its twin; prefill: both against a copy of the bytes the step moves
+/// (q read and written, k and v read and written into the cache). Each checked once on fresh
+/// q: q and the key rows of a sample of tokens within 1 ulp of the f64 rotation at their
+/// positions, the value rows bit for bit, and (window) the sink rows untouched.
+fn ring_append(kernels: &std::sync::Arc<Kernels>, stream: &Stream, seqs: usize, new: usize) -> Res<Vec<KvRow>> {
+    let (hq, hk, d, block, sinks) = (32, 8, 128, 4096, 4);
+    let tokens = seqs * new;
+    let layout = Layout::bshd(seqs, block, hk, d);
+    let ring = |p: usize| if p < sinks { p } else { sinks + (p - sinks) % (block - sinks) };
+    let window_pos: Vec<i32> = (0..tokens).map(|t| (10_000 + 997 * (t / new) + t % new) as i32).collect();
+    let contig_pos: Vec<i32> = window_pos.iter().map(|&p| ring(p as usize) as i32).collect();
+    let rope = Rope::new(kernels, crate::cos_sin(RopeConfig::new(d, 1 << 15).base(500_000.0).dtype(DType::BF16))?)?;
+    let (qh, kh, vh) = (seeded(60, tokens * hq * d), seeded(61, tokens * hk * d), seeded(62, tokens * hk * d));
+    let (mut dq, dk, dv) = (upload(&qh)?, upload(&kh)?, upload(&vh)?);
+    let cache_n = seqs * block * hk * d;
+    let (mut kc, mut vc) = (upload(&vec![bf16::ZERO; cache_n])?, upload(&vec![bf16::ZERO; cache_n])?);
+    let (dwin, dcon) = (DeviceBuffer::from_slice(&window_pos)?, DeviceBuffer::from_slice(&contig_pos)?);
+    let (ql, kl) = (Layout::bshd(seqs, new, hq, d), Layout::bshd(seqs, new, hk, d));
+    let append =
+        |window: bool, dq: &mut DeviceBuffer<bf16>, kc: &mut DeviceBuffer<bf16>, vc: &mut DeviceBuffer<bf16>| {
+            let mut cache = match window {
+                true => KvCache::window(kc, vc, layout, sinks),
+                false => KvCache::contiguous(kc, vc, layout),
+            };
+            let mut q = TensorMut::new(dq, ql);
+            let pos = Positions::ids_i32(if window { &dwin } else { &dcon });
+            rope.append_kv(
+                rope_cuda::KvAppend::new(&Tensor::new(&dk, kl), &Tensor::new(&dv, kl), &mut cache, pos).q(&mut q),
+                stream,
+            )
+        };
+    // The check: the contiguous twin's call, then the window's, each on fresh q.
+    let mut ulps = [0u64; 2];
+    for (u, window) in ulps.iter_mut().zip([false, true]) {
+        dq.copy_from(&qh[..])?;
+        append(window, &mut dq, &mut kc, &mut vc)?;
+        rope.check_errors(stream)?;
+        let (q_out, k_out, v_out) = (download(&dq)?, download(&kc)?, download(&vc)?);
+        let positions = if window { &window_pos } else { &contig_pos };
+        for t in (0..tokens).step_by((tokens / 256).max(1)).chain([tokens - 1]) {
+            // Both calls write token t to this row of its sequence's block.
+            let at = ((t / new) * block + ring(window_pos[t] as usize)) * hk * d;
+            for (src, heads, out, to) in [(&qh, hq, &q_out, t * hq * d), (&kh, hk, &k_out, at)] {
+                for h in 0..heads {
+                    let x: Vec<f64> = src[(t * heads + h) * d..][..d].iter().map(|v| v.to_f64()).collect();
+                    let y = rope_row(&x, positions[t] as f64, 500_000.0, d, RopeStyle::NeoX, Direction::Forward);
+                    for (j, want) in y.into_iter().enumerate() {
+                        *u = (*u).max(out[to + h * d + j].ulps(bf16::round(want)));
+                    }
+                }
+            }
+            if v_out[at..at + hk * d] != vh[t * hk * d..(t + 1) * hk * d] {
+                *u = 99;
+            }
+        }
+        // No token of the window's call is at a sink position: its sink rows stay zero.
+        if window && (0..seqs).any(|b| k_out[b * block * hk * d..][..sinks * hk * d].iter().any(|v| v.to_bits() != 0)) {
+            *u = 99;
+        }
+    }
+    // Timing rotates q again and again; the values do not matter for speed.
+    let (runs, decode) = (200, new == 1);
+    let mut timed = |window: bool| match decode {
+        true => time_device(kernels, stream, 20, runs, || append(window, &mut dq, &mut kc, &mut vc)),
+        false => time_op(stream, 20, runs, || append(window, &mut dq, &mut kc, &mut vc)),
+    };
+    // Three rounds, the twins in turn (so that a drift of the clocks falls on both alike); each
+    // twin's round of the middle median.
+    let mut rounds = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (i, window) in [false, true].into_iter().enumerate() {
+            rounds[i].push(timed(window)?);
+        }
+    }
+    let [contig, windowed] = rounds.map(|mut r| {
+        r.sort_by(|a, b| a.median_us.total_cmp(&b.median_us));
+        r.swap_remove(1)
+    });
+    // q read and written; k and v read; k and v written into the cache: a copy of half that
+    // many elements moves the same bytes.
+    let accesses = tokens * (2 * hq + 4 * hk) * d;
+    let (src, mut dst) = (upload(&seeded(63, accesses / 2))?, upload(&seeded(64, accesses / 2))?);
+    let copy = match decode {
+        true => time_device(kernels, stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?,
+        false => time_op(stream, 20, runs, || copy_d2d(&src, &mut dst, stream))?,
+    };
+    let bytes = (2 * accesses) as u64;
+    let shape = format!("bf16 {seqs}x{new} tok 32/8 h d128{}", if decode { ", device" } else { "" });
+    let ring_what = format!("{block} rows, {sinks} sinks, wrapped");
+    Ok(match decode {
+        true => vec![
+            KvRow {
+                name: "contig append, decode",
+                what: shape,
+                op: contig,
+                against: Against::Copy(copy, bytes),
+                ulps: ulps[0],
+            },
+            KvRow {
+                name: "ring append, decode",
+                what: ring_what,
+                op: windowed,
+                against: Against::Baseline("contiguous, device", contig),
+                ulps: ulps[1],
+            },
+        ],
+        false => vec![
+            KvRow {
+                name: "contig append, prefill",
+                what: shape,
+                op: contig,
+                against: Against::Copy(copy, bytes),
+                ulps: ulps[0],
+            },
+            KvRow {
+                name: "ring append, prefill",
+                what: ring_what,
+                op: windowed,
+                against: Against::Copy(copy, bytes),
+                ulps: ulps[1],
+            },
+        ],
+    })
+}
+
 /// Queues a memset of `flush` (larger than L2) on `stream`: the next launch finds L2 cold.
 fn flush_l2(flush: &DeviceBuffer<u32>, stream: &Stream) -> rope_cuda::Result<()> {
     // SAFETY: `flush` holds `flush.len()` words and outlives the work queued on `stream` (the
@@ -912,6 +1153,11 @@ pub fn run(kernels: &std::sync::Arc<Kernels>, stream: &Stream) -> Res<bool> {
     rows.append(&mut mla_step(kernels, stream, 64)?);
     if !decode_only {
         rows.append(&mut mla_step(kernels, stream, 16384)?);
+    }
+    rows.append(&mut ring_append(kernels, stream, 16, 1)?);
+    if !decode_only {
+        rows.append(&mut ring_append(kernels, stream, 4, 1024)?);
+        rows.append(&mut shift_paged(kernels, stream)?);
     }
     rows.append(&mut extra);
     println!();

@@ -18,6 +18,7 @@ mod call;
 mod plan;
 mod read;
 mod scales;
+mod shift;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ pub(crate) use call::{KvCall, KvOperand};
 pub(crate) use plan::KvPlan;
 pub(crate) use plan::{plan_kv, KvSpec};
 pub use read::{KvRead, RawKvRead};
+pub use shift::{validate_shift, KvShift, RawShiftArgs, ShiftCache, SHIFT_MAX_DELTA};
 
 /// Calls with more tokens than this settle duplicate slots with a small claim launch before
 /// the append (an owner array, one u64 per slot, kept by the [`Rope`]); smaller calls

@@ -9,9 +9,9 @@
 #[cfg(feature = "bench")]
 use crate::keys::{BenchEmpty, BenchFp8, BenchSpin, BenchTouch, BenchTouchRows};
 use crate::keys::{
-    ClaimKey, DType, KvKey, KvTypes, KvWidth, ReadKey, RopeKey, RopeStyle, RopeTypes, RopeWidth, TableSource,
+    ClaimKey, DType, KvKey, KvTypes, KvWidth, ReadKey, RopeKey, RopeStyle, RopeTypes, RopeWidth, ShiftKey, TableSource,
 };
-use crate::params::{KvParams, ReadParams, RopeParams};
+use crate::params::{KvParams, ReadParams, RopeParams, ShiftParams};
 #[cfg(feature = "bench")]
 use crate::params::{Touch, TouchRows};
 
@@ -25,6 +25,7 @@ use crate::{
     params::{heads_per_thread, kv_heads_per_thread},
     rope::rope,
     rotate::{Computed, Deinterleaved, ElemTable, F32Table, GptJ, LibTable, NeoX, OneRow, StreamRows},
+    shift::shift,
 };
 
 /// A kernel key: the parameters its entry points take, and the entry point of each key.

@@ -63,6 +63,13 @@ pub trait Io {
     unsafe fn load_raw(p: *const u8) -> Bits;
     /// Element `i` of bits loaded by [`Io::load_raw`], widened to f32.
     fn get(raw: &Bits, i: usize) -> f32;
+    /// Element `i`'s value: [`Io::get`]; FP8 elements (the KV shift's loads), the code's value
+    /// in format `fmt` times `scale`, an f32 product.
+    #[inline(always)]
+    fn value(raw: &Bits, i: usize, fmt: Fp8, scale: f32) -> f32 {
+        let _ = (fmt, scale);
+        Self::get(raw, i)
+    }
     /// Writes output element `i` (taken in order `0, 1, ..`) into `out`, rounded to the
     /// element type (to nearest, ties to even; FP8: to the format `fmt`, saturating, see
     /// [`Fp8`]; other types ignore `fmt`). 2-byte and FP8 elements are narrowed in pairs: an
@@ -231,6 +238,18 @@ unsafe fn st_b8(p: *mut u8, v: u32) {
     unsafe {
         asm!("st.global.b8 [{}], {};", in(reg64) p, in(reg16) v as u16, options(nostack, preserves_flags));
     }
+}
+
+/// Loads 1 byte (a plain load: the kernel may write the byte after).
+///
+/// # Safety
+/// `p` is a global address valid for the access.
+#[inline(always)]
+unsafe fn ld_b8(p: *const u8) -> u32 {
+    let v: u16;
+    // SAFETY: the caller's contract (see the function's `# Safety`).
+    unsafe { asm!("ld.global.u8 {}, [{}];", out(reg16) v, in(reg64) p, options(readonly, nostack, preserves_flags)) };
+    v as u32 & 0xFF
 }
 
 /// Loads 1 byte through the read-only cache.
@@ -507,9 +526,11 @@ impl<T: Elem> Io for Two<T> {
     }
 }
 
-/// FP8 elements, of the format the launch gives each store, `N` per access: in one
+/// FP8 elements, of the format the launch gives each access, `N` per access: in one
 /// instruction (`VECTOR`, `N` of 2, 4 or 8) or byte by byte (`N` of 1 or 2: views not aligned
-/// for vectors). Stores only.
+/// for vectors). Element `i` is byte `i % 4` of word `i / 4`. The appends only store them; the
+/// KV shift loads them too, and reads their values with [`Io::value`] (their [`Io::get`] is
+/// the code's value unscaled, in E4M3).
 pub struct F8<const N: usize, const VECTOR: bool>;
 
 /// [`Io::put`] for FP8 elements: pairs converted together ([`Fp8::pack2`]), element `i`
@@ -534,13 +555,27 @@ impl<const N: usize, const VECTOR: bool> Io for F8<N, VECTOR> {
     const E: usize = N;
     const VECTOR: bool = VECTOR;
     const SIZE: usize = 1;
-    unsafe fn load_raw(_: *const u8) -> Bits {
-        const { assert!(N == 0, "FP8 accesses only store") };
-        [0; 4]
+    #[inline(always)]
+    unsafe fn load_raw(p: *const u8) -> Bits {
+        const { assert!(if VECTOR { N == 2 || N == 4 || N == 8 } else { N == 1 || N == 2 }, "no such FP8 access") };
+        // SAFETY: the trait method's contract.
+        unsafe {
+            match (VECTOR, N) {
+                (true, 2) => [ld_b16(p) as u32, 0, 0, 0],
+                (true, 4) => [ld_b32(p), 0, 0, 0],
+                (true, _) => ld_v2(p),
+                (false, 1) => [ld_b8(p), 0, 0, 0],
+                (false, _) => [ld_b8(p) | ld_b8(p.add(1)) << 8, 0, 0, 0],
+            }
+        }
     }
-    fn get(_: &Bits, _: usize) -> f32 {
-        const { assert!(N == 0, "FP8 accesses only store") };
-        0.0
+    #[inline(always)]
+    fn get(raw: &Bits, i: usize) -> f32 {
+        Self::value(raw, i, Fp8::E4M3, 1.0)
+    }
+    #[inline(always)]
+    fn value(raw: &Bits, i: usize, fmt: Fp8, scale: f32) -> f32 {
+        fmt.to_f32((raw[i / 4] >> (8 * (i % 4))) as u8) * scale
     }
     #[inline(always)]
     fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {

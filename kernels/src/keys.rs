@@ -1,6 +1,6 @@
 //! Typed kernel keys: what the host asks for (operation, style, dtype, width, …). The list in
-//! [`crate::entries`] maps each key to its entry point; [`RopeKey::variant`] and
-//! [`KvKey::variant`] name a key's variant of the support table ([`crate::support`]), which
+//! [`crate::entries`] maps each key to its entry point; [`RopeKey::variant`],
+//! [`KvKey::variant`] and [`ShiftKey::variant`] name a key's variant of the support table ([`crate::support`]), which
 //! says whether the list has one.
 
 use crate::support::{Elem, Norm, Op, Pairs, Rows, Source, Store, Variant, Width};
@@ -183,6 +183,20 @@ pub struct KvKey {
     pub deinterleave: bool,
 }
 
+/// A KV shift kernel (`shift_…`): cached keys of type `cache` rotated in place by their
+/// sequence's position delta, parameters [`crate::params::ShiftParams`]; cos and sin always
+/// computed from the delta's angle. Which keys have one is [`crate::support`]'s table
+/// ([`ShiftKey::variant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShiftKey {
+    /// Pairing.
+    pub style: RopeStyle,
+    /// The key cache's type (FP8: either format, one kernel for both).
+    pub cache: DType,
+    /// Element by element, or 16 bytes one head a thread (FP8: 8 codes a lane).
+    pub width: RopeWidth,
+}
+
 /// `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back, dequantized into the output's type
 /// ([`crate::params::ReadParams`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -290,6 +304,36 @@ impl RopeKey {
             rows: table_rows(self.mrope),
             source: table_source(self.source),
             norm: table_norm(self.norm, self.whole)?,
+        })
+    }
+}
+
+impl ShiftKey {
+    /// The key as a variant of the support table: an FP8 cache's kernel rotates in f32 and
+    /// moves 8 codes a lane, as the bf16 append's FP8 kernels do.
+    pub fn variant(&self) -> Option<Variant> {
+        let (elem, store) = match self.cache {
+            DType::F32 => (Elem::F32, Store::Input),
+            DType::F16 => (Elem::F16, Store::Input),
+            DType::BF16 => (Elem::Bf16, Store::Input),
+            DType::E4M3 | DType::E5M2 => (Elem::Bf16, Store::Fp8),
+        };
+        Some(Variant {
+            op: Op::Shift,
+            pairs: match self.style {
+                RopeStyle::NeoX => Pairs::NeoX,
+                RopeStyle::GptJ => Pairs::GptJ,
+            },
+            elem,
+            store,
+            width: match self.width {
+                RopeWidth::Scalar => Width::Scalar,
+                RopeWidth::Vector => Width::Vector,
+                RopeWidth::Single => Width::Single,
+            },
+            rows: Rows::One,
+            source: Source::Computed,
+            norm: Norm::None,
         })
     }
 }

@@ -20,8 +20,8 @@
 //! - [`mem`]: the loads and atomics of the views, for both sides; [`norm`]: the QK-norm's
 //!   view and statistic (and, on the device, its reduction across a head's lanes);
 //! - device only: `gpu` (the intrinsics and memory accesses the kernels need, standing in for
-//!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope` and
-//!   `kv` (the bodies of the RoPE and KV-cache entry points), `bench` (benchmark yardsticks,
+//!   `cuda_std`), `rotate` (the rotation engine: table entries, lanes, styles), `rope`,
+//!   `kv` and `shift` (the bodies of the RoPE, KV-cache and KV-shift entry points), `bench` (benchmark yardsticks,
 //!   only with the feature `bench`: they are not in the PTX a user's build ships).
 //! - [`tuning`]: the measured constants (threads per block, heads per thread, …) both sides read.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -69,3 +69,5 @@ mod norm_lane;
 mod rope;
 #[cfg(target_arch = "nvptx64")]
 mod rotate;
+#[cfg(target_arch = "nvptx64")]
+mod shift;

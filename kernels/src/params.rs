@@ -307,6 +307,57 @@ pub struct KvParams {
     pub starts: [u32; 2],
 }
 
+/// Parameters of the KV shift (`shift_…`): the cached keys of the named rows rotated in place
+/// by their sequence's position delta `Δ` (cos and sin of `|Δ| x inv_freq` computed, the
+/// attention factor left out, the sine negated for a negative `Δ`). Row `r = b * seq + s` is
+/// slot `slots[r]` of a paged cache (`-1`: skipped; outside the cache: skipped and recorded),
+/// or row `first_row + s` of sequence `b` of a contiguous one. A `Δ` of 0 leaves its rows as
+/// they are; one outside `-(2^31 - 1)..=2^31 - 1` too, and its sequence is recorded (as a
+/// position, the sequence index as the token).
+///
+/// Thread mapping ([`work_item`]): one thread per (row, head, rotating lane), `heads *
+/// rot_lanes` items per row, `chunk` rows per grid row; the block's prologue computes each of
+/// its sequences' cos and sin once (the block rows of the computed source, the deltas as
+/// positions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ShiftParams {
+    /// The key cache (the value cache's address 0: never touched), paged by the slots, or
+    /// contiguous.
+    pub cache: CacheView,
+    /// The key cache's scales (FP8).
+    pub scales: ScalesView,
+    /// The pairs rotated.
+    pub pairs: Pairs,
+    /// The computed source, its attention factor 1.
+    pub source: SourceView,
+    /// One delta per sequence (i32 or i64 ids), admitted below `2^31` in absolute value.
+    pub deltas: PositionsView,
+    /// Where bad slots and deltas are recorded.
+    pub errors: ErrorSink,
+    /// Rows shifted, `batch * seq`.
+    pub rows: u32,
+    /// A contiguous cache's first row shifted in each sequence.
+    pub first_row: u32,
+    /// Rows per grid row (see [`work_item`]).
+    pub chunk: u32,
+    /// Division by the items per row, `heads * rot_lanes`.
+    pub items_div: FastDiv,
+    /// Division by `seq`, the rows per sequence.
+    pub seq_div: FastDiv,
+    /// Division by `rot_lanes`.
+    pub lanes_div: FastDiv,
+}
+
+impl ShiftParams {
+    /// The dynamic shared memory of a launch with blocks of `block_threads`: the block rows
+    /// of as many sequences as a block may touch.
+    pub fn shared(&self, block_threads: u32) -> SharedLayout {
+        let half = self.pairs.half();
+        SharedLayout::new(0, self.source.computed(), self.items_div.divisor, block_threads, self.rows, half)
+    }
+}
+
 /// Parameters of `kv_read_{f32,f16,bf16}`: rows of FP8 caches read back. Row `r` of the
 /// outputs (`[batch, seq, heads, head_dim]` views, `r = b * seq + s`) is slot `slots[r]`'s row
 /// of the key cache (into `k`) and of the value cache (into `v`; an output without `output`

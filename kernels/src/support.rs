@@ -17,6 +17,9 @@ pub enum Op {
     /// RoPE on the new keys (and q) fused with the append to the caches (`kv_…`,
     /// [`crate::params::KvParams`]).
     Kv,
+    /// The KV shift: cached keys rotated in place by their sequence's position delta
+    /// (`shift_…`, [`crate::params::ShiftParams`]).
+    Shift,
 }
 
 /// Which elements are paired.
@@ -134,6 +137,10 @@ pub enum Unsupported {
     /// A whole-projection norm needs one head a thread (or, in the append, NeoX pairs at
     /// several).
     WholeNorm,
+    /// The KV shift: NeoX or GPT-J pairs, one position row, cos and sin computed, no norm,
+    /// the element or one-head 16-byte width; FP8 caches by one kernel of each pairing and
+    /// width.
+    Shift,
 }
 
 impl Unsupported {
@@ -161,6 +168,11 @@ impl Unsupported {
                  rotary_dim / 2 in whole 16 bytes), in RoPE and in the KV append alike, one head a thread \
                  (or, in the append, several heads a thread of NeoX pairs)"
             }
+            Unsupported::Shift => {
+                "the KV shift rotates cached keys in place: NeoX or GPT-J pairs (de-interleaved keys are \
+                 NeoX-ordered), one position row (a sequence's delta), cos and sin computed from the delta's \
+                 angle, no norm, element by element or 16 bytes one head a thread; FP8 caches of either format"
+            }
         }
     }
 }
@@ -173,6 +185,16 @@ impl core::fmt::Display for Unsupported {
 
 /// The rules: whether `v` has an entry point, else the first rule it breaks.
 pub const fn supported(v: &Variant) -> Result<(), Unsupported> {
+    // The shift first: the rules below read "not RoPE" as the append.
+    if matches!(v.op, Op::Shift) {
+        let ok = !matches!(v.pairs, Pairs::Deinterleaved)
+            && matches!(v.rows, Rows::One)
+            && matches!(v.source, Source::Computed)
+            && matches!(v.norm, Norm::None)
+            && matches!(v.width, Width::Scalar | Width::Single)
+            && (matches!(v.store, Store::Input) || matches!(v.elem, Elem::Bf16));
+        return if ok { Ok(()) } else { Err(Unsupported::Shift) };
+    }
     let rope = matches!(v.op, Op::Rope);
     let vector = matches!(v.width, Width::Single | Width::Vector);
     let one_head = matches!(v.width, Width::Single) || (!rope && matches!(v.width, Width::Decode));
@@ -209,7 +231,7 @@ pub const fn supported(v: &Variant) -> Result<(), Unsupported> {
 pub mod axes {
     use super::*;
     /// Operations.
-    pub const OPS: [Op; 2] = [Op::Rope, Op::Kv];
+    pub const OPS: [Op; 3] = [Op::Rope, Op::Kv, Op::Shift];
     /// Pairings.
     pub const PAIRS: [Pairs; 3] = [Pairs::NeoX, Pairs::GptJ, Pairs::Deinterleaved];
     /// Input types.
@@ -261,12 +283,15 @@ pub fn variants() -> impl Iterator<Item = Variant> {
 }
 
 impl Variant {
-    /// The parts of the entry point's name: `{op}_{pairs}_{types}_{width}{rows}{source}{norm}`.
+    /// The parts of the entry point's name: `{op}_{pairs}_{types}_{width}{rows}{source}{norm}`
+    /// (the shift's FP8 kernels name no input type: `shift_{pairs}_fp8_…`).
     pub const fn parts(&self) -> [&'static str; 8] {
+        let shift_fp8 = matches!(self.op, Op::Shift) && matches!(self.store, Store::Fp8);
         [
             match self.op {
                 Op::Rope => "rope",
                 Op::Kv => "kv",
+                Op::Shift => "shift",
             },
             match self.pairs {
                 Pairs::NeoX => "neox",
@@ -274,11 +299,13 @@ impl Variant {
                 Pairs::Deinterleaved => "gptjd",
             },
             match self.elem {
+                _ if shift_fp8 => "fp8",
                 Elem::F32 => "f32",
                 Elem::F16 => "f16",
                 Elem::Bf16 => "bf16",
             },
             match self.store {
+                _ if shift_fp8 => "",
                 Store::Input => "",
                 Store::Fp8 => "_fp8",
             },

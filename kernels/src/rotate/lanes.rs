@@ -27,6 +27,9 @@ use super::source::{Entries, PairRows, Source, Table};
 /// correctly rounded rotation. (Quotients nearer zero than `e` take the exact path, their ends'
 /// signs differing; NaN inputs or scales give NaN either way.)
 ///
+/// FP8 inputs (the KV shift's, in place) are read as their code's value times the head's
+/// scale ([`Io::value`]), the scale the stores divide by.
+///
 /// With a norm (`norm.on`), each input is first `x r w` ([`NormLane`], `r` the head's factor): rounded to f32 on the
 /// fast path, and on the exact path kept as `hi + lo`, the `lo` parts' rotation added to the
 /// `hi` parts' exact one, so that the normalized value's rounding adds nothing where the
@@ -58,8 +61,8 @@ pub(super) unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (
-            NormLane::get_of(norm, j, 0, R::get(&raw[l0], i0), r),
-            NormLane::get_of(norm, j, 1, R::get(&raw[l1], i1), r),
+            NormLane::get_of(norm, j, 0, R::value(&raw[l0], i0, fmt, scale.s), r),
+            NormLane::get_of(norm, j, 1, R::value(&raw[l1], i1, fmt, scale.s), r),
         );
         let ((l0, i0), (l1, i1)) = out_at(j);
         let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
@@ -101,8 +104,8 @@ pub(super) unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             // parts' (tiny) rotation added (only with a norm: adding zero would turn a
             // result of -0 into +0).
             let ((a, al), (b, bl)) = (
-                NormLane::exact_of(norm, j, 0, R::get(&orig[l0], i0), r),
-                NormLane::exact_of(norm, j, 1, R::get(&orig[l1], i1), r),
+                NormLane::exact_of(norm, j, 0, R::value(&orig[l0], i0, fmt, scale.s), r),
+                NormLane::exact_of(norm, j, 1, R::value(&orig[l1], i1, fmt, scale.s), r),
             );
             let ((l0, i0), (l1, i1)) = out_at(j);
             // SAFETY: the caller's contract: `t` holds `n > j` entries loaded from `p`.
