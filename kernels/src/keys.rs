@@ -281,6 +281,22 @@ const fn table_rows(mrope: bool) -> Rows {
     }
 }
 
+/// The pairing of a style (not de-interleaved).
+const fn table_pairs(style: RopeStyle) -> Pairs {
+    match style {
+        RopeStyle::NeoX => Pairs::NeoX,
+        RopeStyle::GptJ => Pairs::GptJ,
+    }
+}
+
+const fn table_width(width: RopeWidth) -> Width {
+    match width {
+        RopeWidth::Scalar => Width::Scalar,
+        RopeWidth::Vector => Width::Vector,
+        RopeWidth::Single => Width::Single,
+    }
+}
+
 impl RopeKey {
     /// The key as a variant of the support table; `None` where its operand types mix in a way
     /// no kernel takes (an input of another type than q's, an output of another type than its
@@ -290,17 +306,10 @@ impl RopeKey {
         let (elem, store) = table_types([t.q, t.k, t.k], [t.q_out, t.k_out])?;
         Some(Variant {
             op: Op::Rope,
-            pairs: match self.style {
-                RopeStyle::NeoX => Pairs::NeoX,
-                RopeStyle::GptJ => Pairs::GptJ,
-            },
+            pairs: table_pairs(self.style),
             elem,
             store,
-            width: match self.width {
-                RopeWidth::Scalar => Width::Scalar,
-                RopeWidth::Vector => Width::Vector,
-                RopeWidth::Single => Width::Single,
-            },
+            width: table_width(self.width),
             rows: table_rows(self.mrope),
             source: table_source(self.source),
             norm: table_norm(self.norm, self.whole)?,
@@ -320,17 +329,10 @@ impl ShiftKey {
         };
         Some(Variant {
             op: Op::Shift,
-            pairs: match self.style {
-                RopeStyle::NeoX => Pairs::NeoX,
-                RopeStyle::GptJ => Pairs::GptJ,
-            },
+            pairs: table_pairs(self.style),
             elem,
             store,
-            width: match self.width {
-                RopeWidth::Scalar => Width::Scalar,
-                RopeWidth::Vector => Width::Vector,
-                RopeWidth::Single => Width::Single,
-            },
+            width: table_width(self.width),
             rows: Rows::One,
             source: Source::Computed,
             norm: Norm::None,
