@@ -217,7 +217,8 @@ fn fast_quotients_within_their_bound_keep_the_code() {
     }
     eprintln!("settled {settled} of {n}; typical {typical_settled} of {typical}; near midpoints redone {near_redone} of {near}");
     assert!(settled > n / 2, "{settled} of {n} settled by the fast quotient");
-    assert!(typical > 10_000 && typical_settled > typical / 100 * 99, "{typical_settled} of {typical} typical settled");
+    // (About 15,000 typical quotients a run; seed 2401745609 drew 9,801.)
+    assert!(typical > 5_000 && typical_settled > typical / 100 * 99, "{typical_settled} of {typical} typical settled");
     assert!(near > 1000 && near_redone > near / 4, "{near_redone} of {near} near midpoints redone");
 }
 
