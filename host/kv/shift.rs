@@ -26,7 +26,7 @@ use crate::tensor::{Positions, RawPositions, RawTensor};
 
 use super::call::{KvCall, KvOperand};
 use super::scales::{check_scales, scale_tensor};
-use super::{KvCache, RawKvCache};
+use super::{KvCache, RawKvCache, RawScales};
 
 /// The largest `|Δ|` a shift takes: `2^31 - 1` (the angle reduced exactly, as the computed
 /// source reduces positions).
@@ -235,17 +235,18 @@ fn scaling_stage(config: &RopeConfig, args: &RawShiftArgs) -> Result<()> {
     }
 }
 
-/// Checks `args` against `config` and works out the launch with `source` (computed, attention
-/// factor 1) and `errors`; `None` when there is no work.
-pub(crate) fn plan_shift(
-    config: &RopeConfig,
-    args: &RawShiftArgs,
-    source: SourceView,
-    errors: ErrorSink,
-) -> Result<Option<ShiftPlan>> {
-    scaling_stage(config, args)?;
-    // The cache stage: the key cache (k_pe's rows of an MLA cache) of the configuration's
-    // head_dim, in its type or FP8, with its scales.
+/// The cache stage's answer: the key cache (an MLA cache's `k_pe` rows), the names its errors
+/// use, whether it is FP8, and its checked scales.
+struct ShiftTarget {
+    cache: RawKvCache,
+    call: KvCall,
+    fp8: bool,
+    scales: Option<RawScales>,
+}
+
+/// The cache stage: the key cache of the configuration's head_dim, in its type or FP8, with its
+/// scales (the value cache is not read).
+fn cache_stage(config: &RopeConfig, args: &RawShiftArgs) -> Result<ShiftTarget> {
     let (cache, call) = match args.cache {
         ShiftCache::Kv(c) => (c, KvCall::APPEND),
         ShiftCache::Mla(c) => (
@@ -257,20 +258,20 @@ pub(crate) fn plan_shift(
             },
         ),
     };
-    let name = |o| (call.names)(o);
-    let k = cache.k;
-    let l = k.layout;
-    let [blocks, block_size, heads, hd] = l.shape;
-    check_axis(name(KvOperand::KCache), "head_dim", config.head_dim, hd)?;
-    check_view(name(KvOperand::KCache), &k)?;
-    check_written(name(KvOperand::KCache), &l)?;
+    let (k, what) = (cache.k, (call.names)(KvOperand::KCache));
+    check_axis(what, "head_dim", config.head_dim, k.layout.shape[3])?;
+    check_view(what, &k)?;
+    check_written(what, &k.layout)?;
     let fp8 = k.dtype.fp8().is_some();
     if !fp8 && k.dtype != config.dtype {
-        return Err(Error::DType { what: name(KvOperand::KCache), expected: config.dtype, got: k.dtype });
+        return Err(Error::DType { what, expected: config.dtype, got: k.dtype });
     }
-    let scales = check_scales(&cache, fp8, heads, &call)?;
-    // The deltas: one id per sequence.
-    let d = args.deltas;
+    let scales = check_scales(&cache, fp8, k.layout.shape[2], &call)?;
+    Ok(ShiftTarget { cache, call, fp8, scales })
+}
+
+/// The deltas stage: one i32 or i64 id per sequence, aligned; their number, the batch.
+fn deltas_stage(d: &RawPositions) -> Result<usize> {
     if !matches!(d.kind, PositionKind::IdsI32 | PositionKind::IdsI64) {
         let expected = "one delta per sequence: Positions::ids_i32 or Positions::ids_i64";
         return Err(Error::PositionKind { expected, got: d.kind });
@@ -278,12 +279,18 @@ pub(crate) fn plan_shift(
     if d.ptr % d.kind.elem_size() as u64 != 0 {
         return Err(Error::Alignment { what: "deltas", address: d.ptr, align: d.kind.elem_size() });
     }
-    let batch = d.len;
-    // The rows stage: slots (paged) or a range of each block (contiguous, window).
-    let (seq, first_row, mapping) = match (cache.paged, args.slots, args.rows) {
-        (true, None, _) => return Err(Error::SlotMapping("a paged cache's shift needs its slots (KvShift::slots)")),
+    Ok(d.len)
+}
+
+/// The rows stage: a paged cache's slots (`[batch, n]`), or a range of each block of a
+/// contiguous or window cache (one delta a block): `(rows per sequence, first row, slots'
+/// address)`.
+fn rows_stage(cache: &RawKvCache, args: &RawShiftArgs, batch: usize) -> Result<(usize, usize, u64)> {
+    let [blocks, block_size, ..] = cache.k.layout.shape;
+    match (cache.paged, args.slots, args.rows) {
+        (true, None, _) => Err(Error::SlotMapping("a paged cache's shift needs its slots (KvShift::slots)")),
         (true, Some(_), Some(_)) => {
-            return Err(Error::SlotMapping("a paged cache's rows are named by slots, not by a range (KvShift::rows)"))
+            Err(Error::SlotMapping("a paged cache's rows are named by slots, not by a range (KvShift::rows)"))
         }
         (true, Some((ptr, n)), None) => {
             if ptr % 8 != 0 {
@@ -294,10 +301,10 @@ pub(crate) fn plan_shift(
                 let shape = vec![batch, n.div_ceil(batch.max(1))];
                 return Err(Error::Length { what: "slots", shape, expected: batch * seq.max(1), got: n });
             }
-            (seq, 0, ptr)
+            Ok((seq, 0, ptr))
         }
         (false, Some(_), _) => {
-            return Err(Error::SlotMapping("a contiguous cache's rows are named by a range (KvShift::rows), not slots"))
+            Err(Error::SlotMapping("a contiguous cache's rows are named by a range (KvShift::rows), not slots"))
         }
         (false, None, rows) => {
             let (start, end) = rows.unwrap_or((0, block_size));
@@ -308,52 +315,82 @@ pub(crate) fn plan_shift(
                 return Err(Error::TooLarge { what: "rows (start)", value: start as u64, limit: end as u64 });
             }
             check_axis("deltas", "length (one per sequence of the cache)", blocks, batch)?;
-            (end - start, start, 0)
+            Ok((end - start, start, 0))
         }
-    };
-    // The key cache shares nothing with what the launch reads.
-    let flat = |ptr, len: usize, dtype| RawTensor::new(ptr, len, dtype, Layout::bshd(1, 1, 1, len));
-    // (As f32 words: i64 deltas are two each.)
+    }
+}
+
+/// The apart stage: the key cache shares nothing with what the launch reads (the deltas, the
+/// slots, the scales).
+fn apart_stage(t: &ShiftTarget, args: &RawShiftArgs) -> Result<()> {
+    let flat = |ptr, len: usize| RawTensor::new(ptr, len, DType::F32, Layout::bshd(1, 1, 1, len));
+    let d = args.deltas;
+    // (As f32 words: i64 deltas and slots are two each.)
     let words = if d.kind == PositionKind::IdsI64 { 2 } else { 1 };
-    let mut read = vec![("deltas", flat(d.ptr, words * batch, DType::F32))];
+    let mut read = vec![("deltas", flat(d.ptr, words * d.len))];
     if let Some((ptr, n)) = args.slots {
-        read.push(("slots", flat(ptr, 2 * n, DType::F32)));
+        read.push(("slots", flat(ptr, 2 * n)));
     }
-    if let Some(s) = scales {
-        read.push((name(KvOperand::KScales), scale_tensor(s.k)));
+    if let Some(s) = t.scales {
+        read.push(((t.call.names)(KvOperand::KScales), scale_tensor(s.k)));
     }
-    for (what, t) in read {
-        check_disjoint((name(KvOperand::KCache), &k), (what, &t))?;
-    }
+    read.into_iter()
+        .try_for_each(|(what, r)| check_disjoint(((t.call.names)(KvOperand::KCache), &t.cache.k), (what, &r)))
+}
+
+/// The width stage: 16 bytes a lane where the views allow (FP8: 8 codes), else element by
+/// element; de-interleaved keys are NeoX-ordered. The key, against the support table, and the
+/// rotating lanes per head.
+fn width_stage(config: &RopeConfig, args: &RawShiftArgs, t: &ShiftTarget) -> Result<(ShiftKey, usize)> {
+    let k = t.cache.k;
+    let style = if args.deinterleaved { RopeStyle::NeoX } else { config.style };
+    let size = if t.fp8 { 2 } else { k.dtype.size() };
+    let vector = vector_fits(style, config.head_dim, config.rotary_dim, size, [&k]);
+    let (rot_lanes, _) = lanes(vector, style, config.rotary_dim, 16 / size);
+    let width = if vector { RopeWidth::Single } else { RopeWidth::Scalar };
+    let key = ShiftKey { style, cache: k.dtype, width };
+    let types = || Error::DType { what: "k cache", expected: config.dtype, got: k.dtype };
+    check_supported(key, || key.variant(), types)?;
+    Ok((key, rot_lanes))
+}
+
+/// Checks `args` against `config` and works out the launch with `source` (computed, attention
+/// factor 1) and `errors`; `None` when there is no work. The stages in order: scaling, cache,
+/// deltas, rows, apart, the 32-bit limits, width.
+pub(crate) fn plan_shift(
+    config: &RopeConfig,
+    args: &RawShiftArgs,
+    source: SourceView,
+    errors: ErrorSink,
+) -> Result<Option<ShiftPlan>> {
+    scaling_stage(config, args)?;
+    let t = cache_stage(config, args)?;
+    let batch = deltas_stage(&args.deltas)?;
+    let (seq, first_row, mapping) = rows_stage(&t.cache, args, batch)?;
+    apart_stage(&t, args)?;
+    let k = t.cache.k;
+    let [blocks, block_size, heads, _] = k.layout.shape;
     let rows = batch * seq;
     let num_slots = blocks.saturating_mul(block_size);
     check_u32(&[("rows", rows), ("kv heads", heads), ("cache slots (blocks * block_size)", num_slots)])?;
     if rows == 0 || heads == 0 {
         return Ok(None);
     }
-    // The width: 16 bytes a lane where the views allow (FP8: 8 codes), else element by
-    // element; de-interleaved keys are NeoX-ordered.
-    let style = if args.deinterleaved { RopeStyle::NeoX } else { config.style };
-    let size = if fp8 { 2 } else { k.dtype.size() };
-    let vector = vector_fits(style, hd, config.rotary_dim, size, [&k]);
-    let (rot_lanes, _) = lanes(vector, style, config.rotary_dim, 16 / size);
-    let width = if vector { RopeWidth::Single } else { RopeWidth::Scalar };
-    let key = ShiftKey { style, cache: k.dtype, width };
-    check_supported(key, || key.variant(), || Error::DType { what: "k cache", expected: config.dtype, got: k.dtype })?;
+    let (key, rot_lanes) = width_stage(config, args, &t)?;
     let work = (heads * rot_lanes) as u64;
     let Some((geometry, chunk)) = flat_geometry(rows as u32, work)? else { return Ok(None) };
-    let strides = l.strides.map(|s| s as u64);
-    let (blocks, size_u) = (blocks as u32, block_size as u32);
-    let view = match cache.paged {
-        true => CacheView::paged(k.address(), 0, strides, mapping, blocks, size_u),
-        false => CacheView::contiguous(k.address(), 0, strides, blocks, size_u),
+    let strides = k.layout.strides.map(|s| s as u64);
+    let (blocks, size) = (blocks as u32, block_size as u32);
+    let view = match t.cache.paged {
+        true => CacheView::paged(k.address(), 0, strides, mapping, blocks, size),
+        false => CacheView::contiguous(k.address(), 0, strides, blocks, size),
     };
     let params = ShiftParams {
         cache: view.with_types(k.dtype, k.dtype),
-        scales: scales.map_or_else(ScalesView::default, |s| ScalesView::new(s.k.0, s.k.0, s.per_head)),
+        scales: t.scales.map_or_else(ScalesView::default, |s| ScalesView::new(s.k.0, s.k.0, s.per_head)),
         pairs: pairs(config.rotary_dim, None),
         source,
-        deltas: PositionsView::new(d.kind, d.ptr, 1 << 31),
+        deltas: PositionsView::new(args.deltas.kind, args.deltas.ptr, 1 << 31),
         errors,
         rows: rows as u32,
         first_row: first_row as u32,
