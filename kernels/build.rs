@@ -156,7 +156,11 @@ fn row(out: &mut String, v: &Variant) {
             .unwrap();
         }
         Op::Shift => {
-            let width = if v.width == Width::Scalar { "RopeWidth::Scalar" } else { "RopeWidth::Single" };
+            let width = match v.width {
+                Width::Scalar => "RopeWidth::Scalar",
+                Width::Vector => "RopeWidth::Vector",
+                _ => "RopeWidth::Single",
+            };
             writeln!(
                 out,
                 "        {name} {{ style: {key_style}, cache: {}, width: {width} }} [{style}, {access}];",

@@ -222,6 +222,86 @@ fn fast_quotients_within_their_bound_keep_the_code() {
     assert!(near > 1000 && near_redone > near / 4, "{near_redone} of {near} near midpoints redone");
 }
 
+/// The KV shift's fast path for FP8 inputs (`rotate_lane`'s, `rope_cuda_kernels::rotate`): the
+/// codes' values rotated as they are, the scale left out both ways, the bound
+/// `quotient_bound(x0, x1, 1)` where `fp8::scale_cancels(scale)` (else infinite). Every code it
+/// settles (both ends of the bound convert to it) must be the exact path's: the code of the
+/// rounded rotation of the decoded pair (each code's value times the scale, an f32 product),
+/// divided by the scale. Pairs of every code of both formats (NaN, E5M2's infinities and zeros
+/// among them), random angles of both signs, every fourth first output next to an FP8
+/// midpoint (its angle 2^-12 to 2^-43 radians off); scales across `[2^-64, 2^64]`, its ends,
+/// and outside it (where nothing but a NaN may settle). Most typical pairs settle (else the
+/// kernel would take the exact path everywhere) and many of those next to a midpoint do not.
+#[test]
+fn shifted_codes_settled_without_the_scale_keep_the_code() {
+    use rope_cuda::reference::splitmix64;
+    use rope_cuda_kernels::fp8::{quotient_bound, scale_cancels};
+    use rope_cuda_kernels::math::{rotate_pair_fast, rotate_pair_rounded, split_f64};
+    let seed = common::test_seed("fp8::shifted_codes_settled_without_the_scale_keep_the_code");
+    let p2 = |e: i32| 2f32.powi(e);
+    let mut scales = vec![1.0f32, 3.7, 0.1, 1.5 / 224.0, 448.0, p2(-64), p2(64), p2(-64).next_up(), p2(64).next_down()];
+    // log-uniform in [2^-64, 2^64]
+    scales.extend((0..40u64).map(|i| 2f32.powf((splitmix64(seed ^ !i) >> 11) as f32 / 2f32.powi(53) * 128.0 - 64.0)));
+    let outside = [p2(-64).next_down(), p2(64).next_up(), 1e-30, 1e30, 0.0, -1.0, f32::NAN, f32::INFINITY];
+    scales.extend(outside);
+    let (mut settled, mut typical, mut typical_settled, mut near, mut near_redone) = (0usize, 0, 0, 0, 0);
+    for (si, &scale) in scales.iter().enumerate() {
+        let cancels = scale_cancels(scale);
+        assert_eq!(cancels, !outside.iter().any(|o| o.to_bits() == scale.to_bits()), "{scale:e}");
+        for i in 0..20_000u64 {
+            let z = splitmix64(seed ^ ((si as u64) << 32) ^ i);
+            let f = if z >> 63 == 0 { Fp8::E4M3 } else { Fp8::E5M2 };
+            let (mut c0, c1) = (z as u8, (z >> 8) as u8);
+            let mut angle = (z >> 16 & 0xFFFF_FFFF) as f64 / 2f64.powi(32) * std::f64::consts::TAU;
+            let tie = i % 4 == 0;
+            let (a, b) = if tie {
+                // x1 = 0 and cos(angle) = m / x0 (a midpoint m below |x0|): y0 = x0 cos at m.
+                c0 = (c0 & 0x7F).clamp(2, f.max_code()) | (c0 & 0x80);
+                let k = ((z >> 48) as u8) % (c0 & 0x7F);
+                let m = (f.to_f32(k) as f64 + f.to_f32(k + 1) as f64) / 2.0;
+                // Off by 2^-12 to 2^-43 radians: from clearly settled to inside the bound.
+                let off = 2f64.powi(-12 - (z >> 56 & 31) as i32) * if z >> 55 & 1 == 1 { -1.0 } else { 1.0 };
+                angle = (m / f.to_f32(c0 & 0x7F) as f64).acos() + off;
+                (f.to_f32(c0), 0.0)
+            } else {
+                (f.to_f32(c0), f.to_f32(c1))
+            };
+            let negative = z >> 62 & 1 == 1;
+            let (sa, ca) = angle.sin_cos();
+            let (cs, ss) = (split_f64(ca), split_f64(if negative { -sa } else { sa }));
+            let fast = rotate_pair_fast(a, b, cs.0, ss.0);
+            let e = if cancels { quotient_bound(a, b, 1.0) } else { f32::INFINITY };
+            let exact = rotate_pair_rounded(a * scale, b * scale, cs, ss);
+            for (k, (q, y)) in [(fast.0, exact.0), (fast.1, exact.1)].into_iter().enumerate() {
+                let (lo, hi) = (f.from_f32(q - e), f.from_f32(q + e));
+                let want = f.from_f32(y / scale);
+                if lo == hi {
+                    assert_eq!(lo, want, "{f:?} codes ({c0:#04x}, {c1:#04x}) at {angle} / {scale:e}: {q:e} vs {y:e}");
+                    assert!(cancels || q.is_nan(), "settled outside the range: {scale:e}, {q:e}");
+                    settled += 1;
+                }
+                let sized = |v: f32| v.abs() >= p2(-6) && v.abs() <= p2(8);
+                if !tie && cancels && sized(a) && sized(b) && sized(q) {
+                    typical += 1;
+                    typical_settled += usize::from(lo == hi);
+                }
+                if tie && k == 0 && cancels {
+                    near += 1;
+                    near_redone += usize::from(lo != hi);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "settled {settled}; typical {typical_settled} of {typical}; near midpoints redone {near_redone} of {near}"
+    );
+    assert!(
+        typical > 100_000 && typical_settled > typical / 100 * 99,
+        "{typical_settled} of {typical} typical settled"
+    );
+    assert!(near > 100_000 && near_redone > near / 4, "{near_redone} of {near} near midpoints redone");
+}
+
 /// The exact `a * b + c * d + e * f + g * h` of f32 operands, rounded to the nearest f32,
 /// and the exact value itself as a double-double `(hi, lo)`: each product is exact in f64,
 /// their sum is kept in two parts, and a tie of the f32 rounding is settled by the low part.

@@ -192,7 +192,7 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
     }
     // The shift's 16-byte kernels: in place, 16-byte streaming loads and stores (FP8: 8
     // bytes of codes, plain), and the frequencies 16 bytes at a time.
-    for name in named("shift_").into_iter().filter(|n| n.contains("_p_")) {
+    for name in named("shift_").into_iter().filter(|n| !n.contains("_s_")) {
         let b = body(ptx, name);
         let access = if name.contains("_fp8_") { ".v2.b32" } else { ".cs.v4.b32" };
         for op in ["ld.global", "st.global"] {
@@ -228,6 +228,41 @@ fn vector_accesses(ptx: &str, vector: &[&str]) {
                 _ => "ld.global.nc.v4.f32",
             };
             assert!(b.contains(table), "{name}: table loads are not {table}");
+        }
+    }
+}
+
+/// The FP8 shift decodes its codes with `cvt.rn.f16x2.{e4m3x2,e5m2x2}` where the architecture
+/// has it (sm_89 and later) and with integer arithmetic on sm_80, whose PTX holds no FP8
+/// conversion at all; each format's decodes and encodes come in equal numbers (one copy of
+/// the rotation per format). Its 16-byte kernels (`_v`) take several heads a thread
+/// (`shift_heads_per_thread`) and ask the L2 cache for the later ones.
+#[test]
+fn the_fp8_shift_converts_with_each_architectures_instructions() {
+    use rope_cuda_kernels::params::shift_heads_per_thread;
+    for (arch, ptx) in ALL.iter() {
+        let hardware = *arch != "sm_80";
+        for name in named("shift_").into_iter().filter(|n| n.contains("_fp8_")) {
+            let b = body(ptx, name);
+            let count = |op: &str| b.matches(op).count();
+            let decodes = (count("cvt.rn.f16x2.e4m3x2"), count("cvt.rn.f16x2.e5m2x2"));
+            let encodes = (count("cvt.rn.satfinite.e4m3x2.f32"), count("cvt.rn.satfinite.e5m2x2.f32"));
+            match hardware {
+                true => assert!(
+                    decodes.0 > 0 && decodes.0 == decodes.1 && encodes.0 > 0 && encodes.0 == encodes.1,
+                    "{arch} {name}: decodes {decodes:?}, encodes {encodes:?}"
+                ),
+                false => assert_eq!((decodes, encodes), ((0, 0), (0, 0)), "{arch} {name}"),
+            }
+            let vector = !name.contains("_s_");
+            assert_eq!(
+                b.contains("prefetch.global.L2"),
+                shift_heads_per_thread(vector, true) > 1,
+                "{arch} {name}: the later heads' prefetch"
+            );
+        }
+        for name in named("shift_").into_iter().filter(|n| !n.contains("_fp8_")) {
+            assert!(!body(ptx, name).contains("cvt.rn.f16x2.e"), "{arch} {name}: an FP8 decode");
         }
     }
 }

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use cust::sys as cuda;
 use rope_cuda_kernels::keys::{RopeStyle, RopeWidth, ShiftKey, TableSource};
-use rope_cuda_kernels::params::{FastDiv, ShiftParams};
+use rope_cuda_kernels::params::{groups, shift_heads_per_thread, FastDiv, ShiftParams};
 use rope_cuda_kernels::tuning::BLOCK_THREADS;
 use rope_cuda_kernels::views::{CacheView, ErrorSink, PositionKind, PositionsView, ScalesView, SourceView};
 
@@ -339,19 +339,23 @@ fn apart_stage(t: &ShiftTarget, args: &RawShiftArgs) -> Result<()> {
 }
 
 /// The width stage: 16 bytes a lane where the views allow (FP8: 8 codes), else element by
-/// element; de-interleaved keys are NeoX-ordered. The key, against the support table, and the
-/// rotating lanes per head.
-fn width_stage(config: &RopeConfig, args: &RawShiftArgs, t: &ShiftTarget) -> Result<(ShiftKey, usize)> {
+/// element; de-interleaved keys are NeoX-ordered. The key, against the support table, the
+/// rotating lanes per head and the heads per thread ([`shift_heads_per_thread`]).
+fn width_stage(config: &RopeConfig, args: &RawShiftArgs, t: &ShiftTarget) -> Result<(ShiftKey, usize, u32)> {
     let k = t.cache.k;
     let style = if args.deinterleaved { RopeStyle::NeoX } else { config.style };
     let size = if t.fp8 { 2 } else { k.dtype.size() };
     let vector = vector_fits(style, config.head_dim, config.rotary_dim, size, [&k]);
     let (rot_lanes, _) = lanes(vector, style, config.rotary_dim, 16 / size);
-    let width = if vector { RopeWidth::Single } else { RopeWidth::Scalar };
+    let width = match (vector, t.fp8) {
+        (false, _) => RopeWidth::Scalar,
+        (true, false) => RopeWidth::Single,
+        (true, true) => RopeWidth::Vector,
+    };
     let key = ShiftKey { style, cache: k.dtype, width };
     let types = || Error::DType { what: "k cache", expected: config.dtype, got: k.dtype };
     check_supported(key, || key.variant(), types)?;
-    Ok((key, rot_lanes))
+    Ok((key, rot_lanes, shift_heads_per_thread(vector, t.fp8)))
 }
 
 /// Checks `args` against `config` and works out the launch with `source` (computed, attention
@@ -376,8 +380,8 @@ pub(crate) fn plan_shift(
     if rows == 0 || heads == 0 {
         return Ok(None);
     }
-    let (key, rot_lanes) = width_stage(config, args, &t)?;
-    let work = (heads * rot_lanes) as u64;
+    let (key, rot_lanes, group) = width_stage(config, args, &t)?;
+    let work = groups(heads as u32, group) as u64 * rot_lanes as u64;
     let Some((geometry, chunk)) = flat_geometry(rows as u32, work)? else { return Ok(None) };
     let strides = k.layout.strides.map(|s| s as u64);
     let (blocks, size) = (blocks as u32, block_size as u32);
@@ -398,6 +402,7 @@ pub(crate) fn plan_shift(
         items_div: FastDiv::new(work as u32),
         seq_div: FastDiv::new(seq as u32),
         lanes_div: FastDiv::new(rot_lanes as u32),
+        heads: heads as u32,
     };
     debug_assert!(geometry.block.0 == BLOCK_THREADS);
     Ok(Some(ShiftPlan { key, params, geometry }))
@@ -544,9 +549,10 @@ mod tests {
         assert_eq!(s.shared(BLOCK_THREADS).bytes, 3 * 16 * 64);
         let c = plan(&config(), &contiguous()).unwrap().unwrap().params;
         assert_eq!((c.rows, c.first_row, c.seq_div.divisor), (60, 10, 30));
-        // FP8: 8 codes a lane; GPT-J; an odd cache offset takes the element kernel.
+        // FP8: 8 codes a lane, two heads a thread; GPT-J; an odd cache offset takes the
+        // element kernel.
         let f = plan(&config(), &paged(DType::E4M3)).unwrap().unwrap();
-        assert_eq!((f.key.width, f.params.lanes_div.divisor), (RopeWidth::Single, 8));
+        assert_eq!((f.key.width, f.params.lanes_div.divisor, f.params.items_div.divisor), (RopeWidth::Vector, 8, 32));
         let g = plan(&config().style(RopeStyle::GptJ), &paged(DType::BF16)).unwrap().unwrap();
         assert_eq!((g.key.style, g.params.lanes_div.divisor), (RopeStyle::GptJ, 8));
         let mut odd = paged(DType::BF16);

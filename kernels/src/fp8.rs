@@ -6,9 +6,10 @@
 //! finite and infinities to ± the largest finite, keeps subnormals, and turns every NaN into
 //! `0x7F`: what the `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` instruction of sm_89 and later does.
 //! [`Fp8::pack2`] is that instruction where the kernel's architecture has it and its portable
-//! twin ([`Fp8::from_f32`], integer arithmetic only) elsewhere, sm_80 and the host alike: the
-//! one place an architecture-specific instruction enters the kernels, with the twin the host's
-//! tests check against an independent reference.
+//! twin ([`Fp8::from_f32`], integer arithmetic only) elsewhere, sm_80 and the host alike;
+//! [`Fp8::unpack2`], the way back, is `cvt.rn.f16x2.{e4m3x2,e5m2x2}` or [`Fp8::to_f32`]. These
+//! two are the only places an architecture-specific instruction enters the kernels, each with
+//! a twin the host's tests check against an independent reference.
 
 use crate::math::{abs, fma};
 
@@ -152,6 +153,49 @@ impl Fp8 {
             ((self.from_f32(hi) as u16) << 8) | self.from_f32(lo) as u16
         }
     }
+
+    /// The values of two codes as a 16-bit load gives them: the low byte's first. Where the
+    /// kernel's architecture has it (sm_89 and later), `cvt.rn.f16x2.{e4m3x2,e5m2x2}` and two
+    /// widenings (every value of either format is an f16, and an f16 an f32, exactly), with the
+    /// format's instruction alone where the format is known at compile time; [`Fp8::to_f32`]
+    /// elsewhere: the same values (NaN codes: NaN).
+    #[inline(always)]
+    pub fn unpack2(self, pair: u16) -> (f32, f32) {
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_89"))]
+        {
+            // One format's conversion, and both halves widened.
+            macro_rules! widen2 {
+                ($cvt:literal) => {{
+                    let (lo, hi): (f32, f32);
+                    // SAFETY: register-only conversions, available from sm_89 (PTX ISA 7.8):
+                    // the low byte's code in the low half, each half widened.
+                    unsafe {
+                        core::arch::asm!(
+                            "{{ .reg .b32 t; .reg .b16 l, h;",
+                            concat!($cvt, " t, {p};"),
+                            "mov.b32 {{l, h}}, t;",
+                            "cvt.f32.f16 {lo}, l;",
+                            "cvt.f32.f16 {hi}, h; }}",
+                            p = in(reg16) pair, lo = out(reg32) lo, hi = out(reg32) hi,
+                            options(pure, nomem, nostack, preserves_flags),
+                        )
+                    };
+                    (lo, hi)
+                }};
+            }
+            // Both formats, then a select: no branch where the format is chosen at launch.
+            let (e4, e5) = (widen2!("cvt.rn.f16x2.e4m3x2"), widen2!("cvt.rn.f16x2.e5m2x2"));
+            if self == Fp8::E4M3 {
+                e4
+            } else {
+                e5
+            }
+        }
+        #[cfg(not(all(target_arch = "nvptx64", target_feature = "sm_89")))]
+        {
+            (self.to_f32(pair as u8), self.to_f32((pair >> 8) as u8))
+        }
+    }
 }
 
 /// 2^-19 per unit of `|x0| + |x1|`: above the error of a fast FP8 quotient (the fast rotation
@@ -171,6 +215,24 @@ pub fn quotient_bound(x0: f32, x1: f32, r: f32) -> f32 {
     // 2^-140, an f32 subnormal: 2^9 of their steps.
     const STEPS: f32 = f32::from_bits(1 << 9);
     (fma(abs(x0) + abs(x1), QUOTIENT_SLACK, STEPS) * abs(r)).max(f32::MIN_POSITIVE)
+}
+
+/// Whether `scale` cancels out of a fast FP8 quotient of FP8 inputs (the KV shift's): `2^-64 <=
+/// scale <= 2^64`. The exact path decodes each code times the scale (an f32 product),
+/// rotates, rounds to f32 and divides by the scale (the quotient rounded). A nonzero code's
+/// value `x` lies in `[2^-16, 2^16)`, so every product `x * scale` is a normal f32: those three
+/// roundings move the quotient at most `3 * 2^-24 (|x0| + |x1|)`, plus `2^-150 / scale <=
+/// 2^-86` where the rounded rotation is an f32 subnormal, from the rotation of the codes'
+/// values `x0`, `x1` themselves; the fast rotation of those values lies within `2^-22.2 (|x0| +
+/// |x1|)` of that. [`quotient_bound`] with a reciprocal of 1, `2^-19 (|x0| + |x1|)` (at least
+/// `2^-35` for a pair that is not zero), bounds the sum: the fast rotation is the fast quotient.
+/// (A pair of zeros has a bound of 2^-126 about a zero quotient, and takes the exact path.)
+/// Any other scale, NaN among them, sends every lane to the exact path.
+#[inline(always)]
+pub fn scale_cancels(scale: f32) -> bool {
+    const LO: f32 = f32::from_bits((127 - 64) << 23);
+    const HI: f32 = f32::from_bits((127 + 64) << 23);
+    (LO..=HI).contains(&scale)
 }
 
 /// `code` (the kept bits) rounded to nearest even by the `drop` bits below it, `rest`.

@@ -534,17 +534,42 @@ impl<T: Elem> Io for Two<T> {
 pub struct F8<const N: usize, const VECTOR: bool>;
 
 /// [`Io::put`] for FP8 elements: pairs converted together ([`Fp8::pack2`]), element `i`
-/// in byte `i % 4` of word `i / 4`; an odd count's last element alone.
+/// in byte `i % 4` of word `i / 4` (a word's first pair written alone, its second joined to
+/// it, [`join16`]); an odd count's last element alone.
 #[inline(always)]
 fn put_fp8<const N: usize>(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {
     if N == 1 {
         out[0] = (fmt.pack2(0.0, v) & 0xFF) as u32;
     } else if i % 2 == 0 {
         *pending = v;
+    } else if i % 4 == 1 {
+        out[i / 4] = fmt.pack2(v, *pending) as u32;
     } else {
-        let shift = 16 * ((i / 2) % 2);
-        let word = &mut out[i / 4];
-        *word = (*word & !(0xFFFF << shift)) | ((fmt.pack2(v, *pending) as u32) << shift);
+        out[i / 4] = join16(out[i / 4] as u16, fmt.pack2(v, *pending));
+    }
+}
+
+/// `lo` in the low half of a word, `hi` in the high half: one `mov.b32 d, {lo, hi}` (which
+/// the assembler folds into the conversions' merges, where an integer shift and or would
+/// cost three instructions a word).
+#[inline(always)]
+fn join16(lo: u16, hi: u16) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let w: u32;
+        // SAFETY: a register-only move.
+        unsafe {
+            asm!(
+                "mov.b32 {}, {{{}, {}}};",
+                out(reg32) w, in(reg16) lo, in(reg16) hi,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+        w
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        lo as u32 | (hi as u32) << 16
     }
 }
 
@@ -575,7 +600,10 @@ impl<const N: usize, const VECTOR: bool> Io for F8<N, VECTOR> {
     }
     #[inline(always)]
     fn value(raw: &Bits, i: usize, fmt: Fp8, scale: f32) -> f32 {
-        fmt.to_f32((raw[i / 4] >> (8 * (i % 4))) as u8) * scale
+        // Codes `2k` and `2k + 1` decode together ([`Fp8::unpack2`]: the calls for a lane's
+        // neighbours share one conversion).
+        let (lo, hi) = fmt.unpack2((raw[i / 4] >> (16 * ((i / 2) % 2))) as u16);
+        (if i % 2 == 0 { lo } else { hi }) * scale
     }
     #[inline(always)]
     fn put(out: &mut Bits, pending: &mut f32, i: usize, v: f32, fmt: Fp8) {

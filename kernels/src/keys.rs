@@ -193,7 +193,8 @@ pub struct ShiftKey {
     pub style: RopeStyle,
     /// The key cache's type (FP8: either format, one kernel for both).
     pub cache: DType,
-    /// Element by element, or 16 bytes one head a thread (FP8: 8 codes a lane).
+    /// Element by element (`_s`), or 16 bytes: one head a thread (`_p`), FP8's 8 codes a lane
+    /// over several heads a thread (`_v`, [`crate::params::shift_heads_per_thread`]).
     pub width: RopeWidth,
 }
 

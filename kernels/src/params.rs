@@ -24,7 +24,7 @@ pub const fn gptj_lane(vector: bool, e: usize) -> usize {
     }
 }
 
-pub use crate::tuning::{heads_per_thread, kv_heads_per_thread};
+pub use crate::tuning::{heads_per_thread, kv_heads_per_thread, shift_heads_per_thread};
 
 /// The threads a head group of `lanes` lanes takes in the thread mapping: `lanes` rounded up
 /// to a power of two up to 32 lanes (so that a group starting at a multiple of its slots
@@ -315,10 +315,11 @@ pub struct KvParams {
 /// they are; one outside `-(2^31 - 1)..=2^31 - 1` too, and its sequence is recorded (as a
 /// position, the sequence index as the token).
 ///
-/// Thread mapping ([`work_item`]): one thread per (row, head, rotating lane), `heads *
-/// rot_lanes` items per row, `chunk` rows per grid row; the block's prologue computes each of
-/// its sequences' cos and sin once (the block rows of the computed source, the deltas as
-/// positions).
+/// Thread mapping ([`work_item`]): one thread per (row, group of `G` heads, rotating lane),
+/// `groups(heads, G) * rot_lanes` items per row, `chunk` rows per grid row, `G` the kernel's
+/// [`shift_heads_per_thread`] (the last group of a row may hold fewer); the block's prologue
+/// computes each of its sequences' cos and sin once (the block rows of the computed source,
+/// the deltas as positions), and a thread's heads share its entries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ShiftParams {
@@ -347,6 +348,8 @@ pub struct ShiftParams {
     pub seq_div: FastDiv,
     /// Division by `rot_lanes`.
     pub lanes_div: FastDiv,
+    /// The cache's kv heads.
+    pub heads: u32,
 }
 
 impl ShiftParams {

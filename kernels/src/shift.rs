@@ -5,44 +5,34 @@
 
 use crate::fp8::Fp8;
 use crate::gpu::{block_dim, block_idx, thread_idx, Io};
-use crate::params::{block_tokens, work_item, ShiftParams};
-use crate::rotate::{BlockInputs, Computed, PairRows, Prologue, Quant, Rows, Source, Style, Table};
-use crate::views::{ComputedView, Pairs, PositionsView, SlotOf};
+use crate::params::{block_tokens, shift_heads_per_thread, work_item, ShiftParams};
+use crate::rotate::{BlockInputs, Computed, OneLoad, OneRow, Prologue, Quant, Rows, Source, Style, Table};
+use crate::views::{ComputedView, PositionsView, SlotOf};
 
-/// The block prologue's rows for a shift: sequence `token`'s `|Δ|` (`Δ` one id per sequence)
-/// as its position, every pair at it. `i64::MIN` (no absolute value) reads as `i64::MAX`,
-/// which the range check refuses.
+/// The shift's stage of the block prologue's rows: sequence `token`'s `|Δ|` (`Δ` one id per
+/// sequence) as its position. `i64::MIN` (no absolute value) reads as `i64::MAX`, which the
+/// range check refuses.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct DeltaRow(u32);
+pub(crate) struct AbsDelta;
 
-impl PairRows for DeltaRow {
-    const ONE_ROW: bool = true;
+impl OneLoad for AbsDelta {
     #[inline(always)]
     unsafe fn load(positions: &PositionsView, token: u32, _: u32, _: u32) -> i64 {
         // SAFETY: the caller's contract: the deltas hold sequence `token`'s.
         let delta = unsafe { positions.load_one(token, 0, 0) };
         delta.checked_abs().unwrap_or(i64::MAX)
     }
-    #[inline(always)]
-    unsafe fn of(_: &PositionsView, _: u32, pos: u32) -> Self {
-        DeltaRow(pos)
-    }
-    #[inline(always)]
-    fn pos(self, _: &Pairs, _: usize) -> u32 {
-        self.0
-    }
-    #[inline(always)]
-    fn one_row(self, _: &Pairs, _: usize, _: usize) -> bool {
-        true
-    }
 }
+
+/// A sequence's pairs, every one at its `|Δ|`.
+type DeltaRow = OneRow<AbsDelta>;
 
 /// The block prologue of the shift's source (the computed one).
 type ShiftPrologue = <Computed as Source>::Prologue;
 
-/// Rotates lane `lane` of one kv head of one named row by its sequence's `Δ`, in place: `R`
-/// loads and `W` stores the cache's type (FP8: the code's value times the head's scale, rotated
-/// in f32, encoded once as the append encodes, [`crate::rotate`]'s lanes).
+/// Rotates lane `lane` of a group of kv heads of one named row by its sequence's `Δ`, in
+/// place: `R` loads and `W` stores the cache's type (FP8: the code's value times the head's
+/// scale, rotated in f32, encoded once as the append encodes, [`crate::rotate`]'s lanes).
 ///
 /// # Safety
 /// The host checked that every named row (a paged cache's slots in range, a contiguous one's
@@ -68,7 +58,12 @@ pub(crate) unsafe fn shift<S: Style, R: Io, W: Io>(p: &ShiftParams) {
     // Threads past the end still take part in the block's prologue.
     let (r, w) = item.unwrap_or((0, 0));
     let (b, s) = p.seq_div.divmod(r);
-    let (h, lane) = p.lanes_div.divmod(w);
+    // The thread's heads: `count` from `h0` (an item's group starts inside the row; the host
+    // maps items with the same constant).
+    let group = shift_heads_per_thread(R::VECTOR, W::FP8);
+    let (g, lane) = p.lanes_div.divmod(w);
+    let h0 = g * group;
+    let count = group.min(p.heads.saturating_sub(h0)).max(1) as usize;
     let half = p.pairs.half() as usize;
     // The slot's and the delta's loads first: nothing waits on them to be issued.
     // SAFETY: the slots hold an entry per row, the deltas one per sequence.
@@ -85,16 +80,31 @@ pub(crate) unsafe fn shift<S: Style, R: Io, W: Io>(p: &ShiftParams) {
             None
         }
     });
-    let at = slot.map_or(0, |n| p.cache.row(n, h as u64)) as usize * R::SIZE;
+    let at = slot.map_or(0, |n| p.cache.row(n, h0 as u64)) as usize * R::SIZE;
     let k = (p.cache.k() as *mut u8).wrapping_add(at);
-    let rows = Rows { src: k as *const u8, dst: k, src_step: 0, dst_step: 0, count: 1 };
-    // The head's data and its scale, while the block's cos and sin are computed.
-    // SAFETY: the host checked the named rows: the lane's elements lie in the row.
-    let first = if slot.is_some() { unsafe { S::load::<R>(&rows, 0, lane as usize, half) } } else { [[0; 4]; 2] };
+    let step = p.cache.head_stride() as usize * R::SIZE;
+    let rows = Rows { src: k as *const u8, dst: k, src_step: step, dst_step: step, count };
+    // The first head's data and its scale, while the block's cos and sin are computed; the
+    // later heads asked of the L2 cache (no register held), loaded one ahead in the stores'
+    // loop.
+    let first = match slot {
+        Some(_) => {
+            // SAFETY: the host checked the named rows: the lane's elements of every head of
+            // the row lie in the cache.
+            unsafe {
+                let first = S::load::<R>(&rows, 0, lane as usize, half);
+                for h in 1..count {
+                    S::prefetch::<R>(&rows, h, lane as usize, half);
+                }
+                first
+            }
+        }
+        None => [[0; 4]; 2],
+    };
     let fmt = if W::FP8 { p.cache.types().0.fp8().unwrap_or(Fp8::E4M3) } else { Fp8::E4M3 };
     let quant = match slot {
         Some(_) if W::FP8 => {
-            let (scale, step) = p.scales.head(false, h as u64);
+            let (scale, step) = p.scales.head(false, h0 as u64);
             // SAFETY: the host checked the scales: one f32, or one per kv head.
             unsafe { Quant::new::<W>(fmt, scale as *const f32, step as usize) }
         }
@@ -145,8 +155,23 @@ pub(crate) unsafe fn shift<S: Style, R: Io, W: Io>(p: &ShiftParams) {
         sin_sign: if delta < 0 { -1.0 } else { 1.0 },
         row: <ShiftPrologue as Prologue>::row(block_rows, b),
     };
+    let at = DeltaRow::at(d);
+    macro_rules! rotate {
+        ($quant:expr) => {
+            S::rotate::<R, W, Computed, DeltaRow>(rows, first, lane as usize, at, table, ($quant, None))
+        };
+    }
     // SAFETY: the row's sequence is one of the block's, its `|Δ|` passed the check (its block
     // row filled before the prologue's barrier); the rest as above. In place: the lane writes
-    // only the elements it read (and reloads them only before its store).
-    unsafe { S::rotate::<R, W, Computed, DeltaRow>(rows, first, lane as usize, DeltaRow(d), table, (quant, None)) };
+    // only the elements it read (and reloads them only before its store). FP8: a copy of the
+    // rotation per format, each decoding and encoding with its format's instructions alone.
+    unsafe {
+        if W::FP8 && quant.fmt == Fp8::E5M2 {
+            rotate!(quant.with_fmt(Fp8::E5M2))
+        } else if W::FP8 {
+            rotate!(quant.with_fmt(Fp8::E4M3))
+        } else {
+            rotate!(quant)
+        }
+    }
 }

@@ -171,7 +171,8 @@ impl Unsupported {
             Unsupported::Shift => {
                 "the KV shift rotates cached keys in place: NeoX or GPT-J pairs (de-interleaved keys are \
                  NeoX-ordered), one position row (a sequence's delta), cos and sin computed from the delta's \
-                 angle, no norm, element by element or 16 bytes one head a thread; FP8 caches of either format"
+                 angle, no norm, element by element or 16 bytes (one head a thread; FP8 caches of either format, \
+                 8 codes a lane, several heads a thread)"
             }
         }
     }
@@ -191,8 +192,11 @@ pub const fn supported(v: &Variant) -> Result<(), Unsupported> {
             && matches!(v.rows, Rows::One)
             && matches!(v.source, Source::Computed)
             && matches!(v.norm, Norm::None)
-            && matches!(v.width, Width::Scalar | Width::Single)
-            && (matches!(v.store, Store::Input) || matches!(v.elem, Elem::Bf16));
+            && match v.store {
+                // 16 bytes: one head a thread, FP8's 8 codes a lane several.
+                Store::Input => matches!(v.width, Width::Scalar | Width::Single),
+                Store::Fp8 => matches!(v.width, Width::Scalar | Width::Vector) && matches!(v.elem, Elem::Bf16),
+            };
         return if ok { Ok(()) } else { Err(Unsupported::Shift) };
     }
     let rope = matches!(v.op, Op::Rope);

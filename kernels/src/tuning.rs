@@ -43,6 +43,21 @@ pub const fn kv_heads_per_thread(vector: bool, gptj: bool, elem_size: usize, hea
     }
 }
 
+/// Heads one thread of the KV shift handles (`vector`: its 16-byte kernels; `fp8`: an FP8
+/// cache), sharing its sequence's cos and sin, its slot and its setup among them, its later
+/// heads asked of the L2 cache before the block's cos and sin are computed. 16-bit and f32
+/// caches take 1 (`_p`; H100, bf16 32,768 tokens x 8 kv heads of 128, paged: 89.5–90.8% of
+/// copy). FP8 takes 2 (`_v`): a lane moves 16 bytes of codes a head where a bf16 one moves 32,
+/// so one head a thread keeps half as many bytes in flight (H100 at 1 head: 26.5% of copy,
+/// before the hardware decode). The 2 is chosen by that count, not yet measured.
+pub const fn shift_heads_per_thread(vector: bool, fp8: bool) -> u32 {
+    if vector && fp8 {
+        2
+    } else {
+        1
+    }
+}
+
 /// RoPE calls of fewer threads than this at [`heads_per_thread`] heads each take one head a
 /// thread instead (256 blocks of 128: about two per multiprocessor of an H200).
 pub const ROPE_FEW_THREADS: u64 = 1 << 15;

@@ -27,8 +27,11 @@ use super::source::{Entries, PairRows, Source, Table};
 /// correctly rounded rotation. (Quotients nearer zero than `e` take the exact path, their ends'
 /// signs differing; NaN inputs or scales give NaN either way.)
 ///
-/// FP8 inputs (the KV shift's, in place) are read as their code's value times the head's
-/// scale ([`Io::value`]), the scale the stores divide by.
+/// FP8 inputs (the KV shift's, in place) are read on the exact path as their code's value times
+/// the head's scale ([`Io::value`]), the scale the stores divide by; the fast path rotates the
+/// codes' values as they are, its quotient the rotation itself (the scale cancels, within the
+/// same bound: [`quotient_bound`]), where the scale lies in `[2^-64, 2^64]`
+/// ([`Scale::codes_fast`]; any other sends the lane to the exact path).
 ///
 /// With a norm (`norm.on`), each input is first `x r w` ([`NormLane`], `r` the head's factor): rounded to f32 on the
 /// fast path, and on the exact path kept as `hi + lo`, the `lo` parts' rotation added to the
@@ -58,11 +61,14 @@ pub(super) unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
     let mut pending = [0.0f32; 2];
     // SAFETY: the caller's contract: `t` was loaded from `p` for `n` pairs.
     let (c, s) = unsafe { t.lane::<B>(p, n) };
+    // The fast path's reciprocal: FP8 inputs' values are read unscaled, so their quotient is
+    // the rotation itself. (Other inputs ignore the scale they are read with.)
+    let (fast_r, fast) = if R::FP8 { (1.0, scale.codes_fast()) } else { (scale.r, true) };
     unrolled(n, |j| {
         let ((l0, i0), (l1, i1)) = pair(j);
         let (a, b) = (
-            NormLane::get_of(norm, j, 0, R::value(&raw[l0], i0, fmt, scale.s), r),
-            NormLane::get_of(norm, j, 1, R::value(&raw[l1], i1, fmt, scale.s), r),
+            NormLane::get_of(norm, j, 0, R::value(&raw[l0], i0, fmt, 1.0), r),
+            NormLane::get_of(norm, j, 1, R::value(&raw[l1], i1, fmt, 1.0), r),
         );
         let ((l0, i0), (l1, i1)) = out_at(j);
         let (y0, y1) = match B::ROUNDED_F32 && W::NARROW.is_none() && !W::FP8 {
@@ -77,8 +83,9 @@ pub(super) unsafe fn rotate_lane<R: Io, W: Io, B: Source, P: PairRows>(
             }
         }
         if W::FP8 {
-            let (q0, q1) = (y0 * scale.r, y1 * scale.r);
-            let e = quotient_bound(a, b, scale.r);
+            let (q0, q1) = (y0 * fast_r, y1 * fast_r);
+            // (An infinite bound: the two ends' codes differ, but for NaN, which both take.)
+            let e = if fast { quotient_bound(a, b, fast_r) } else { f32::INFINITY };
             W::put(&mut out[l0], &mut pending[l0], i0, q0 - e, fmt);
             W::put(&mut out[l1], &mut pending[l1], i1, q1 - e, fmt);
             W::put(&mut upper[l0], &mut pending_up[l0], i0, q0 + e, fmt);

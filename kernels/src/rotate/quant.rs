@@ -27,6 +27,13 @@ impl Scale {
         self.s.is_normal() && self.r.is_normal()
     }
 
+    /// Whether a rotation of FP8 codes may skip the scale on its fast path
+    /// ([`crate::fp8::scale_cancels`]).
+    #[inline(always)]
+    pub(super) fn codes_fast(self) -> bool {
+        crate::fp8::scale_cancels(self.s)
+    }
+
     /// `x / s`, the quotient rounded to the nearest f32 ([`div_by`] where the scale and its
     /// reciprocal are normal, the IEEE division otherwise, out of line).
     #[inline(always)]
@@ -77,6 +84,13 @@ impl Quant {
         // SAFETY: the caller's contract.
         let first = if W::FP8 { unsafe { load_table(scales, 1)[0] } } else { 1.0 };
         Quant { fmt, scales, step, first }
+    }
+
+    /// This quantizer with format `fmt` (a constant where the caller names one: a copy of the
+    /// rotation per format, each converting with its own instructions alone).
+    #[inline(always)]
+    pub fn with_fmt(self, fmt: Fp8) -> Quant {
+        Quant { fmt, ..self }
     }
 
     /// The format and head `h`'s scale where `W` stores FP8 (read from memory at launch, so an

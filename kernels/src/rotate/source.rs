@@ -10,6 +10,7 @@ use crate::math::{angle_index, mul_pair, sincos_turns_pair, turns_at, ANGLE_STEP
 use crate::mem::sync_threads;
 use crate::params::{row_stride, SharedLayout};
 use crate::views::{ComputedView, Pairs, PositionsView, SourceView};
+use core::marker::PhantomData;
 
 /// Which table row each pair of a token reads: one row for every pair ([`OneRow`]), or, for
 /// multimodal RoPE, the row of one of the token's three positions, chosen per pair by the
@@ -40,24 +41,54 @@ pub(crate) trait PairRows: Copy + Default {
     fn one_row(self, pairs: &Pairs, i: usize, n: usize) -> bool;
 }
 
-/// Every pair at the token's one position.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct OneRow(u32);
+/// How a token of one position row reads that position ([`OneRow`]'s stage): the view's id
+/// or offset as it is ([`Position`]), or what a feature makes of it (the KV shift's `|Δ|`).
+pub(crate) trait OneLoad: Copy + Default {
+    /// Token `token`'s raw position as the range check takes it.
+    ///
+    /// # Safety
+    /// As [`PositionsView::load`]; the view's kind is one the kernel takes.
+    unsafe fn load(positions: &PositionsView, token: u32, b: u32, s: u32) -> i64;
+}
 
-/// MRoPE: pair `i` at the token's position of stream [`Pairs::stream`]`(i)`.
+/// The token's position as the view holds it ([`PositionsView::load_one`]).
 #[derive(Clone, Copy, Default)]
-pub(crate) struct StreamRows([u32; 3]);
+pub(crate) struct Position;
 
-impl PairRows for OneRow {
-    const ONE_ROW: bool = true;
+impl OneLoad for Position {
     #[inline(always)]
     unsafe fn load(positions: &PositionsView, token: u32, b: u32, s: u32) -> i64 {
         // SAFETY: the caller's contract.
         unsafe { positions.load_one(token, b, s) }
     }
+}
+
+/// Every pair at the token's one position, read as `L` says.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct OneRow<L: OneLoad = Position>(u32, PhantomData<L>);
+
+impl<L: OneLoad> OneRow<L> {
+    /// Every pair at `pos`.
+    #[inline(always)]
+    pub(crate) fn at(pos: u32) -> Self {
+        OneRow(pos, PhantomData)
+    }
+}
+
+/// MRoPE: pair `i` at the token's position of stream [`Pairs::stream`]`(i)`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StreamRows([u32; 3]);
+
+impl<L: OneLoad> PairRows for OneRow<L> {
+    const ONE_ROW: bool = true;
+    #[inline(always)]
+    unsafe fn load(positions: &PositionsView, token: u32, b: u32, s: u32) -> i64 {
+        // SAFETY: the caller's contract.
+        unsafe { L::load(positions, token, b, s) }
+    }
     #[inline(always)]
     unsafe fn of(_: &PositionsView, _: u32, pos: u32) -> Self {
-        OneRow(pos)
+        OneRow::at(pos)
     }
     #[inline(always)]
     fn pos(self, _: &Pairs, _: usize) -> u32 {
@@ -412,10 +443,13 @@ impl Source for Computed {
     }
     #[inline(always)]
     unsafe fn exact(p: Table<'_>, i: usize, _: usize, c: f32, s: f32) -> ((f32, f32), (f32, f32)) {
-        let stride = row_stride(p.pairs.half()) as usize;
+        // 32-bit offsets: pair `i`'s address and a column's step (the lane's pairs' addresses
+        // differ by constants, folded into the loads, not held in registers ahead of the
+        // exact path).
+        let step = 4 * row_stride(p.pairs.half());
         // SAFETY: the trait method's contract: the row holds the residuals from `2 * stride`.
         unsafe {
-            let at = |k: usize| load_shared32_volatile(p.row + 4 * (k * stride + i) as u32);
+            let at = |k: u32| load_shared32_volatile(p.row + 4 * i as u32 + k * step);
             let _ = (c, s);
             ((at(0), at(2)), (at(1), at(3)))
         }
